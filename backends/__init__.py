@@ -1,0 +1,17 @@
+"""The GEMM kernel ladder behind one interface: ``gemm(a, b, c, activation=..., backend=...)``.
+
+D = act(A @ B + C) with A (M, K), B (K, N), C (M, N) or a length-N bias, on torch tensors.
+Backends, in ladder order: ``cublas`` (the baseline), ``torch_unfused``, ``cuda_naive``,
+``cuda_smem``, ``cuda_regblock`` (raw CUDA C through CuPy) and ``triton_fused``.
+``available()`` says which run on this machine and why the others don't;
+``reference()`` is the float64 result every backend is checked against.
+"""
+
+from .api import Availability, BackendUnavailableError, available, gemm, get_backend
+from .reference import TOLERANCES, precision_name, reference, relative_error
+from .registry import BACKENDS, LADDER, Backend
+
+__all__ = [
+    "BACKENDS", "LADDER", "TOLERANCES", "Availability", "Backend", "BackendUnavailableError",
+    "available", "gemm", "get_backend", "precision_name", "reference", "relative_error",
+]

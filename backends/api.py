@@ -1,0 +1,184 @@
+"""``gemm()``: D = act(A @ B + C) on any backend of the ladder, behind one set of checks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from profiling.nvtx import annotate
+
+from .registry import BACKENDS, LADDER, Backend
+
+ACTIVATIONS = (None, "relu")
+
+
+class BackendUnavailableError(RuntimeError):
+    """The backend cannot run on this machine (no GPU, no CuPy, no Triton, ...)."""
+
+
+@dataclass(frozen=True)
+class Availability:
+    """Whether a backend runs here; ``reason`` says why not."""
+
+    name: str
+    runs: bool
+    reason: str
+
+
+def available() -> list[Availability]:
+    """Every backend in ladder order, with whether it runs on this machine and why not."""
+    out = []
+    for backend in LADDER:
+        reason = backend.unavailable()
+        out.append(Availability(backend.name, reason is None, reason or ""))
+    return out
+
+
+def get_backend(name: str) -> Backend:
+    """The registry entry called ``name``.
+
+    Raises:
+        ValueError: unknown name; the message lists the known ones.
+    """
+    try:
+        return BACKENDS[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown backend {name!r}; known: {', '.join(BACKENDS)}") from None
+
+
+def gemm(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None, *,
+         activation: str | None = None, backend: str = "triton_fused",
+         out: torch.Tensor | None = None, allow_tf32: bool = False) -> torch.Tensor:
+    """D = act(A @ B + C), computed by one backend of the ladder.
+
+    Args:
+        a: A, shape (M, K).
+        b: B, shape (K, N).
+        c: None, a full C of shape (M, N), or a bias of shape (N,) added to every row.
+        activation: None or ``"relu"``.
+        backend: a name from ``backends.BACKENDS`` (ladder order: cublas, torch_unfused,
+            cuda_naive, cuda_smem, cuda_regblock, triton_fused).
+        out: optional (M, N) tensor that receives D; it must not overlap A, B or C.
+        allow_tf32: run fp32 operands on the TF32 tensor cores (10-bit mantissa products);
+            off by default, so fp32 means IEEE fp32. Only for fp32 CUDA tensors and the
+            backends that declare ``tf32``.
+
+    All tensors share one dtype (A's) and one device. Backends that do not declare
+    ``strided`` (the CUDA C kernels) receive contiguous copies of non-contiguous inputs, and
+    write through a contiguous buffer that is then copied into a non-contiguous ``out``.
+    M, N or K = 0 give the exact answer (an empty D, or act(C) / zeros) without a launch.
+
+    Returns:
+        D, shape (M, N), A's dtype and device (``out`` itself when given).
+
+    Raises:
+        ValueError: unknown backend or activation; A or B not 2-D; K of A and B differ; C or
+            out of the wrong shape; tensors on different devices; a device the backend does
+            not support; ``allow_tf32`` where it cannot apply; ``out`` overlapping an input;
+            an operand too large for the backend's indexing; inputs that require grad under
+            autograd on a backend without a backward.
+        TypeError: an argument that is not a tensor; mixed dtypes; a dtype the backend does
+            not support.
+        BackendUnavailableError: the backend cannot run on this machine (the reason is given).
+    """
+    impl = get_backend(backend)
+    m, n, k = _check(impl, a, b, c, activation, out, allow_tf32)
+    relu = activation == "relu"
+    if m == 0 or n == 0 or k == 0:
+        return _degenerate(m, n, a, c, relu, out)
+    target = out
+    if not impl.strided:
+        a, b = a.contiguous(), b.contiguous()
+        c = None if c is None else c.contiguous()
+        if out is not None and not out.is_contiguous():
+            target = torch.empty((m, n), dtype=a.dtype, device=a.device)
+    with annotate(impl.name):
+        d = impl.run(a, b, c, relu, allow_tf32, target)
+    return d if out is None or d is out else out.copy_(d)
+
+
+def _check(impl: Backend, a, b, c, activation, out, allow_tf32) -> tuple[int, int, int]:
+    """Every check of gemm()'s docstring, before anything is launched; returns (M, N, K)."""
+    for label, t in (("a", a), ("b", b), ("c", c), ("out", out)):
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise TypeError(f"{label} must be a torch.Tensor, got {type(t).__name__}")
+    if a is None or b is None:
+        raise TypeError("a and b are required tensors")
+    if a.dim() != 2 or b.dim() != 2:
+        raise ValueError(f"A and B must be 2-D, A (M, K) and B (K, N); "
+                         f"got A {tuple(a.shape)} and B {tuple(b.shape)}")
+    (m, k), (k2, n) = a.shape, b.shape
+    if k != k2:
+        raise ValueError(f"inner dimensions differ: A is {m}x{k} but B is {k2}x{n}")
+    if c is not None and tuple(c.shape) not in ((m, n), (n,)):
+        raise ValueError(f"C must be ({m}, {n}) or a bias of shape ({n},); got {tuple(c.shape)}")
+    if out is not None and tuple(out.shape) != (m, n):
+        raise ValueError(f"out must have shape ({m}, {n}); got {tuple(out.shape)}")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}; got {activation!r}")
+
+    tensors = {"a": a, "b": b, "c": c, "out": out}
+    tensors = {label: t for label, t in tensors.items() if t is not None}
+    devices = {label: t.device for label, t in tensors.items()}
+    if len(set(devices.values())) > 1:
+        raise ValueError(f"all tensors must be on one device; got {_listing(devices)}")
+    dtypes = {label: t.dtype for label, t in tensors.items()}
+    if len(set(dtypes.values())) > 1:
+        raise TypeError(f"all tensors must share one dtype; got {_listing(dtypes)}")
+
+    reason = impl.unavailable()
+    if reason is not None:
+        raise BackendUnavailableError(f"backend {impl.name!r} cannot run here: {reason}")
+    if a.dtype not in impl.dtypes:
+        raise TypeError(f"backend {impl.name!r} supports {_names(impl.dtypes)}; got {a.dtype}")
+    if a.device.type not in impl.devices:
+        raise ValueError(f"backend {impl.name!r} runs on {', '.join(impl.devices)} tensors; "
+                         f"got {a.device}")
+    if allow_tf32 and not (impl.tf32 and a.dtype == torch.float32 and a.is_cuda):
+        raise ValueError(f"allow_tf32 needs fp32 CUDA tensors and a backend with TF32 "
+                         f"(backend {impl.name!r}, {a.dtype} on {a.device})")
+    if impl.max_numel is not None and max(t.numel() for t in tensors.values()) > impl.max_numel:
+        raise ValueError(f"backend {impl.name!r} indexes at most {impl.max_numel} elements "
+                         f"per operand; got shapes {_listing({k: tuple(t.shape) for k, t in tensors.items()})}")
+    if out is not None:
+        for label in ("a", "b", "c"):
+            if label in tensors and _overlap(out, tensors[label]):
+                raise ValueError(f"out overlaps {label} in memory; pass a separate tensor")
+    if (not impl.differentiable and torch.is_grad_enabled()
+            and any(t.requires_grad for t in (a, b, c) if t is not None)):
+        raise ValueError(f"backend {impl.name!r} has no backward: call it under "
+                         f"torch.no_grad() or use a differentiable backend (cublas, torch_unfused)")
+    return m, n, k
+
+
+def _degenerate(m: int, n: int, a: torch.Tensor, c: torch.Tensor | None, relu: bool,
+                out: torch.Tensor | None) -> torch.Tensor:
+    """M, N or K is 0: A @ B is an (M, N) matrix of zeros (empty when M or N is 0)."""
+    d = torch.zeros((m, n), dtype=a.dtype, device=a.device)
+    if c is not None:
+        d = d + c
+    if relu:
+        d = torch.relu(d)
+    return d if out is None else out.copy_(d)
+
+
+def _overlap(x: torch.Tensor, y: torch.Tensor) -> bool:
+    """Whether the memory spans of x and y intersect (conservative: spans, not elements)."""
+    if x.device != y.device or x.numel() == 0 or y.numel() == 0:
+        return False
+
+    def span(t):
+        last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
+        return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
+
+    (x0, x1), (y0, y1) = span(x), span(y)
+    return x0 < y1 and y0 < x1
+
+
+def _listing(values: dict) -> str:
+    return ", ".join(f"{label}: {value}" for label, value in values.items())
+
+
+def _names(dtypes) -> str:
+    return ", ".join(str(d).replace("torch.", "") for d in dtypes) or "no dtype here"

@@ -1,0 +1,46 @@
+"""The float64 reference every backend is checked against, and the tolerances."""
+
+from __future__ import annotations
+
+import torch
+
+# Relative Frobenius error allowed per operand type. fp32: FMA accumulation over K stays
+# near 1e-6; TF32 and fp16 round the operands or D to 10-11 mantissa bits, bf16 to 7-8.
+TOLERANCES = {"fp32": 1e-5, "tf32": 5e-3, "fp16": 5e-3, "bf16": 1e-2}
+DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+def precision_name(dtype: torch.dtype, allow_tf32: bool = False) -> str:
+    """``fp32``, ``tf32``, ``fp16`` or ``bf16``: the name results and tolerances use."""
+    name = DTYPE_NAMES[dtype]
+    return "tf32" if allow_tf32 and name == "fp32" else name
+
+
+def reference(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None,
+              activation: str | None = None) -> torch.Tensor:
+    """act(A @ B + C) in float64 on the inputs' device, from the inputs as given.
+
+    Args:
+        a: (M, K), b: (K, N); c: None, (M, N) or a length-N bias; any floating dtype.
+        activation: None or ``"relu"``.
+
+    Returns:
+        float64 tensor (M, N).
+    """
+    d = a.double() @ b.double()
+    if c is not None:
+        d = d + c.double()
+    return torch.relu(d) if activation == "relu" else d
+
+
+def relative_error(d: torch.Tensor, ref: torch.Tensor) -> float:
+    """||D - ref||_F / ||ref||_F, computed in float64; inf when D holds a NaN or an inf.
+
+    When ref is all zeros the absolute error ||D||_F is returned instead.
+    """
+    d = d.double()
+    if not torch.isfinite(d).all():
+        return float("inf")
+    err = torch.linalg.norm(d - ref).item()
+    norm = torch.linalg.norm(ref).item()
+    return err / norm if norm > 0 else err

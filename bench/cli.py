@@ -1,0 +1,145 @@
+"""The ``gemmlab`` command line: ``gemmlab bench`` (the main job) and ``gemmlab info``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+NO_GPU_BANNER = ("No CUDA GPU found: running the CPU functional check only (small shapes; "
+                 "cublas and torch_unfused run torch's CPU BLAS, triton_fused runs under the "
+                 "Triton interpreter). Times below are CPU times, not GPU performance.")
+
+
+def _csv(text: str) -> list[str]:
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def _prepare_backends(console: Console) -> bool:
+    """Say whether a GPU is here, first; without one, turn the Triton interpreter on
+    before the backends (and with them the Triton kernel) are imported."""
+    gpu = torch.cuda.is_available()
+    if gpu:
+        console.print(f"GPU: {torch.cuda.get_device_name()} (torch {torch.__version__}, "
+                      f"CUDA {torch.version.cuda})")
+    else:
+        console.print(NO_GPU_BANNER)
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    return gpu
+
+
+def cmd_bench(args: argparse.Namespace, console: Console) -> int:
+    gpu = _prepare_backends(console)
+    import backends
+
+    from . import gemm_bench as gb
+    from .results import collect_meta, write_results
+
+    device = torch.device("cuda" if gpu else "cpu")
+    try:
+        shapes = [gb.parse_shape(s) for s in _csv(args.shapes)] if args.shapes else (
+            gb.GPU_SHAPES if gpu else gb.CPU_SHAPES)
+    except ValueError as exc:
+        console.print(f"error: {exc}")
+        return 2
+    dtype_names = _csv(args.dtypes) if args.dtypes else (gb.GPU_DTYPES if gpu else gb.CPU_DTYPES)
+    unknown = [d for d in dtype_names if d not in gb.DTYPES]
+    names = _csv(args.backends) if args.backends else list(backends.BACKENDS)
+    unknown += [n for n in names if n not in backends.BACKENDS]
+    if unknown:
+        console.print(f"error: unknown {', '.join(unknown)}; backends: "
+                      f"{', '.join(backends.BACKENDS)}; dtypes: {', '.join(gb.DTYPES)}")
+        return 2
+    status = {s.name: s for s in backends.available()}
+    for name in names:
+        if not status[name].runs:
+            console.print(f"skipped {name}: {status[name].reason}")
+    names = [n for n in names if status[n].runs]
+
+    timing = gb.Timing(args.warmup_ms, args.rep_ms, args.min_reps)
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("bench", total=gb.count_rows(names, shapes, dtype_names, device))
+
+        def step(description: str) -> None:
+            progress.update(task, description=description, advance=1)
+
+        rows = gb.run_sweep(names, shapes, dtype_names, device, timing, args.seed, step)
+
+    table = Table(title="D = ReLU(A @ B + C)" + ("" if gpu else "  [CPU functional check]"))
+    for col in ("backend", "dtype", "M", "N", "K", "ms", "TFLOP/s", "% cuBLAS",
+                "x unfused", "rel err", "check"):
+        table.add_column(col, justify="left" if col in ("backend", "dtype", "check") else "right")
+    for r in rows:
+        table.add_row(r["backend"], r["dtype"], str(r["M"]), str(r["N"]), str(r["K"]),
+                      gb.fmt(r["ms"], ".4f"), gb.fmt(r["tflops"], ".2f"),
+                      gb.fmt(r["pct_cublas"], ".1f"), gb.fmt(r["speedup_vs_torch_unfused"], ".2f"),
+                      gb.fmt(r["rel_err"], ".1e"), "PASS" if r["ok"] else "FAIL")
+    console.print(table)
+    failed = [r for r in rows if not r["ok"]]
+    for r in failed:
+        why = r["error"] or f"relative error {r['rel_err']:.2e} > tolerance {r['tol']:.0e}"
+        console.print(f"FAIL {r['backend']} {r['dtype']} {r['M']}x{r['N']}x{r['K']}: {why}")
+    if args.out:
+        for path in write_results(args.out, collect_meta(), rows, gb.plot):
+            console.print(f"wrote {path}")
+    console.print(f"{len(rows) - len(failed)} of {len(rows)} rows passed the float64 check")
+    return 1 if failed else 0
+
+
+def cmd_info(args: argparse.Namespace, console: Console) -> int:
+    _prepare_backends(console)
+    import backends
+
+    from backends.reference import DTYPE_NAMES
+
+    table = Table(title="gemmlab backends, in ladder order")
+    for col in ("backend", "technique", "dtypes", "devices", "fused +C/ReLU", "TF32", "runs here"):
+        table.add_column(col)
+    for backend, status in zip(backends.LADDER, backends.available()):
+        table.add_row(backend.name, backend.summary,
+                      ",".join(DTYPE_NAMES[d] for d in backend.dtypes), ",".join(backend.devices),
+                      "yes" if backend.fused_epilogue else "no", "yes" if backend.tf32 else "no",
+                      "yes" if status.runs else f"no: {status.reason}")
+    console.print(table)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gemmlab", description=(
+        "gemmlab: D = ReLU(A @ B + C) from a naive CUDA kernel to cuBLAS, measured."))
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    bench = sub.add_parser("bench", help="check every backend against float64, then time it",
+                           description="Check every backend against a float64 reference on "
+                           "poisoned outputs, then time the ones that pass (median, L2 flushed).")
+    bench.add_argument("--backends", help="comma list (default: every backend that runs here)")
+    bench.add_argument("--shapes", help="comma list of N (square) or MxNxK "
+                       "(default on GPU: 1024,2048,4096,8192,8192x8192x1024,16384x4096x512,"
+                       "4096x4096x256; on CPU: 127x129x65,256)")
+    bench.add_argument("--dtypes", help="comma list of fp32, tf32, fp16, bf16 "
+                       "(default on GPU: all four; on CPU: fp32,fp16,bf16)")
+    bench.add_argument("--warmup-ms", type=float, default=25, help="warm-up per row (ms)")
+    bench.add_argument("--rep-ms", type=float, default=100, help="timed repeats per row (ms)")
+    bench.add_argument("--min-reps", type=int, default=10, help="fewest timed repeats per row")
+    bench.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    bench.add_argument("--out", help="directory for results.json, results.csv, results.png")
+    bench.set_defaults(func=cmd_bench)
+
+    info = sub.add_parser("info", help="which backends run on this machine, and why not")
+    info.set_defaults(func=cmd_info)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    # Tables stay unwrapped when the output is a file or a pipe (rich assumes 80 columns).
+    return args.func(args, Console(width=None if sys.stdout.isatty() else 160))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,181 @@
+"""``gemmlab bench``: every backend of the ladder, checked, then timed, against cuBLAS.
+
+For each shape x dtype the same fresh random A, B and C feed every backend. Each backend
+first writes D = ReLU(A @ B + C) into an output poisoned with NaN and is compared with the
+float64 reference (relative Frobenius error, tolerance by dtype, every element written);
+only a backend that passes is timed, and only timed rows get TFLOP/s = 2*M*N*K / t, a
+percentage of ``cublas`` at the same dtype and a speedup over ``torch_unfused``.
+The layout follows karpathy/llm.c ``dev/cuda`` (validate every version, then time it,
+napkin math beside each time) and siboehm/SGEMM_CUDA (GFLOP/s and % of cuBLAS per step).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+import backends
+from backends.reference import TOLERANCES
+
+from .timing import time_ms
+
+GPU_SHAPES = [(1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096), (8192, 8192, 8192),
+              (8192, 8192, 1024), (16384, 4096, 512), (4096, 4096, 256)]
+GPU_DTYPES = ["fp32", "tf32", "fp16", "bf16"]
+# The CPU functional check: odd shapes that are not multiples of any tile size.
+CPU_SHAPES = [(127, 129, 65), (256, 256, 256)]
+CPU_DTYPES = ["fp32", "fp16", "bf16"]
+DTYPES = {"fp32": (torch.float32, False), "tf32": (torch.float32, True),
+          "fp16": (torch.float16, False), "bf16": (torch.bfloat16, False)}
+ACTIVATION = "relu"
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Timing knobs (see ``bench.timing.time_ms``)."""
+
+    warmup_ms: float = 25
+    rep_ms: float = 100
+    min_reps: int = 10
+
+
+def parse_shape(text: str) -> tuple[int, int, int]:
+    """``"4096"`` -> (4096, 4096, 4096); ``"16384x4096x512"`` -> (M, N, K).
+
+    Raises:
+        ValueError: not one positive int or three joined by ``x``.
+    """
+    parts = text.lower().split("x")
+    try:
+        dims = [int(p) for p in parts]
+    except ValueError:
+        raise ValueError(f"shape {text!r} is not N or MxNxK") from None
+    if len(dims) == 1:
+        dims *= 3
+    if len(dims) != 3 or min(dims) < 1:
+        raise ValueError(f"shape {text!r} is not N or MxNxK with positive sizes")
+    return dims[0], dims[1], dims[2]
+
+
+def supports(backend: backends.Backend, dtype_name: str, device: torch.device) -> bool:
+    """Whether ``backend`` takes this dtype (``tf32`` = fp32 with TF32 on) on ``device``."""
+    dtype, tf32 = DTYPES[dtype_name]
+    return (dtype in backend.dtypes and device.type in backend.devices
+            and (not tf32 or (backend.tf32 and device.type == "cuda")))
+
+
+def make_inputs(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device,
+                generator: torch.Generator):
+    """Fresh standard-normal A (M, K), B (K, N), C (M, N): never zeros, signs mixed so the
+    ReLU cuts about half of D."""
+    def randn(*shape):
+        return torch.randn(shape, generator=generator, device=device).to(dtype)
+    return randn(m, k), randn(k, n), randn(m, n)
+
+
+def check_and_time(name: str, a, b, c, ref, dtype_name: str, timing: Timing) -> dict:
+    """One row: check ``name`` against ``ref`` on a poisoned output, then time it if it passed."""
+    tf32 = DTYPES[dtype_name][1]
+    m, n, k = a.shape[0], b.shape[1], a.shape[1]
+    row = {"backend": name, "dtype": dtype_name, "M": m, "N": n, "K": k, "ms": None,
+           "tflops": None, "pct_cublas": None, "speedup_vs_torch_unfused": None,
+           "rel_err": None, "tol": TOLERANCES[dtype_name], "ok": False, "config": "", "error": ""}
+    out = torch.full((m, n), float("nan"), dtype=a.dtype, device=a.device)
+    try:
+        backends.gemm(a, b, c, activation=ACTIVATION, backend=name, out=out, allow_tf32=tf32)
+    except Exception as exc:  # a broken backend is a FAIL row, not the end of the sweep
+        row["error"] = f"{type(exc).__name__}: {exc}"
+        return row
+    err = backends.relative_error(out, ref)
+    row.update(rel_err=err, ok=err <= row["tol"], config=backends.BACKENDS[name].config())
+    del out
+    if row["ok"]:
+        ms = time_ms(lambda: backends.gemm(a, b, c, activation=ACTIVATION, backend=name,
+                                           allow_tf32=tf32),
+                     a.device, warmup_ms=timing.warmup_ms, rep_ms=timing.rep_ms,
+                     min_reps=timing.min_reps)
+        row.update(ms=ms, tflops=2 * m * n * k / (ms * 1e-3) / 1e12)
+    return row
+
+
+def add_ratios(rows: list[dict]) -> None:
+    """Fill % of cuBLAS and speedup over torch_unfused, within each (shape, dtype)."""
+    def key(r):
+        return r["M"], r["N"], r["K"], r["dtype"]
+    base = {(key(r), r["backend"]): r["ms"] for r in rows if r["ms"] is not None}
+    for r in rows:
+        if r["ms"] is None:
+            continue
+        if (cublas := base.get((key(r), "cublas"))) is not None:
+            r["pct_cublas"] = 100 * cublas / r["ms"]
+        if (unfused := base.get((key(r), "torch_unfused"))) is not None:
+            r["speedup_vs_torch_unfused"] = unfused / r["ms"]
+
+
+def run_sweep(names: list[str], shapes: list[tuple[int, int, int]], dtype_names: list[str],
+              device: torch.device, timing: Timing, seed: int = 0, progress=None) -> list[dict]:
+    """Check and time every (shape, dtype, backend) that the backend supports on ``device``.
+
+    ``progress``, if given, is called with a short description before each row.
+    Returns rows in sweep order with ratios filled.
+    """
+    generator = torch.Generator(device=device).manual_seed(seed)
+    rows = []
+    for m, n, k in shapes:
+        for dtype_name in dtype_names:
+            chosen = [x for x in names if supports(backends.BACKENDS[x], dtype_name, device)]
+            if not chosen:
+                continue
+            a, b, c = make_inputs(m, n, k, DTYPES[dtype_name][0], device, generator)
+            ref = backends.reference(a, b, c, ACTIVATION)
+            for name in chosen:
+                if progress is not None:
+                    progress(f"{name} {dtype_name} {m}x{n}x{k}")
+                rows.append(check_and_time(name, a, b, c, ref, dtype_name, timing))
+            del a, b, c, ref
+    add_ratios(rows)
+    return rows
+
+
+def count_rows(names, shapes, dtype_names, device) -> int:
+    """How many rows ``run_sweep`` will produce (for the progress bar)."""
+    return len(shapes) * sum(supports(backends.BACKENDS[x], d, device)
+                             for x in names for d in dtype_names)
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    """TFLOP/s per backend and shape, one panel per dtype; failed rows are left out."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    dtype_names = list(dict.fromkeys(r["dtype"] for r in rows))
+    fig, axes = plt.subplots(len(dtype_names), 1, figsize=(11, 3.2 * len(dtype_names)),
+                             squeeze=False)
+    for ax, dtype_name in zip(axes[:, 0], dtype_names):
+        sub = [r for r in rows if r["dtype"] == dtype_name]
+        shapes = list(dict.fromkeys(f"{r['M']}x{r['N']}x{r['K']}" for r in sub))
+        names = list(dict.fromkeys(r["backend"] for r in sub))
+        width = 0.8 / len(names)
+        for i, name in enumerate(names):
+            by_shape = {f"{r['M']}x{r['N']}x{r['K']}": r["tflops"] for r in sub
+                        if r["backend"] == name and r["tflops"] is not None}
+            xs = [j + i * width for j, s in enumerate(shapes) if s in by_shape]
+            ax.bar(xs, [by_shape[s] for s in shapes if s in by_shape], width, label=name)
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(shapes))], shapes, fontsize=8)
+        ax.set_ylabel("TFLOP/s")
+        ax.set_title(f"D = ReLU(A @ B + C), {dtype_name}", fontsize=10)
+        ax.legend(fontsize=7, ncol=3)
+        ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def fmt(value, spec: str) -> str:
+    """Table cell: ``-`` for a missing value."""
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)

@@ -1,0 +1,31 @@
+"""gemmlab: D = ReLU(A @ B + C) from a naive CUDA kernel to a tensor-parallel layer, measured."""
+
+from setuptools import setup
+
+setup(
+    name="gemmlab",
+    version="0.1.0",
+    description=__doc__,
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    license="MIT",
+    python_requires=">=3.10",
+    packages=["backends", "backends.cuda", "bench", "profiling", "tp"],
+    package_data={"backends.cuda": ["*.cu", "*.cuh"]},
+    install_requires=[
+        "torch>=2.9",  # torch.backends.cuda.matmul.fp32_precision
+        "triton>=3.2",
+        "numpy",
+        "nvtx",
+        "rich",
+        "matplotlib",
+    ],
+    extras_require={
+        "cuda12": ["cupy-cuda12x>=13"],
+        "cuda13": ["cupy-cuda13x>=13"],
+        "pycuda": ["pycuda"],
+        "mpi": ["mpi4py>=4", "mpich"],
+        "dev": ["pytest>=8", "pytest-timeout", "hypothesis"],
+    },
+    entry_points={"console_scripts": ["gemmlab = bench.cli:main"]},
+)

@@ -1,0 +1,89 @@
+"""Shared fixtures. Without a GPU, Triton kernels run under the interpreter: the variable
+must be set before ``backends`` (and with it the Triton kernel) is first imported."""
+
+import os
+
+import pytest
+import torch
+
+HAS_GPU = torch.cuda.is_available()
+if not HAS_GPU:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import backends  # noqa: E402  (after the interpreter switch above)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped without one)")
+    config.addinivalue_line("markers", "autotune: runs triton_fused's full autotuning on a GPU")
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAS_GPU:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def one_triton_config(request, monkeypatch):
+    """On a GPU, autotuning each odd test shape would compile every config for every
+    specialization (minutes); tests pin one config unless marked ``autotune``. The launch
+    path is unchanged: a one-config autotuner runs it without benchmarking."""
+    if HAS_GPU and "autotune" not in request.keywords:
+        import triton
+
+        from backends import triton_fused
+
+        pinned = triton.autotune(configs=[triton_fused.CONFIGS_FP32[-1]],
+                                 key=["M", "N", "K"])(triton_fused.fused_gemm_kernel)
+        monkeypatch.setattr(triton_fused, "tuned_kernel", pinned)
+
+
+@pytest.fixture
+def rng():
+    """A fresh, seeded generator per test: random inputs, reproducible failures."""
+    return torch.Generator().manual_seed(1234)
+
+
+def random_inputs(m, n, k, dtype=torch.float32, device="cpu", c_kind="full", generator=None):
+    """Standard-normal A (M, K), B (K, N) and C: ``"full"`` (M, N), ``"bias"`` (N,) or None."""
+    def randn(*shape):
+        return torch.randn(shape, generator=generator).to(device=device, dtype=dtype)
+    c = {"full": lambda: randn(m, n), "bias": lambda: randn(n), None: lambda: None}[c_kind]()
+    return randn(m, k), randn(k, n), c
+
+
+# Unit roundoff of the storage formats; TF32 keeps fp16's 10-bit mantissa.
+UNIT_ROUNDOFF = {torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
+TF32_ROUNDOFF = 2.0**-11
+
+
+def assert_matches_reference(d, a, b, c, activation, allow_tf32=False):
+    """Every element of D is finite and within the worst-case rounding bound of float64.
+
+    The bound is Higham's for an inner product, |fl(A @ B) - A @ B| <= gamma_K |A| @ |B|
+    (Accuracy and Stability of Numerical Algorithms, 2nd ed., sec. 3.1 and 3.5), with fp32
+    accumulation, plus the rounding of D (and of TF32 operands), so it holds for any
+    correct kernel on any input, even where the result cancels to almost nothing (where a
+    relative error would be meaningless), while a wrong or missing term, or one bad
+    element, exceeds it. ReLU is 1-Lipschitz, so the bound carries through it.
+    """
+    ref = backends.reference(a, b, c, activation)
+    assert d.shape == ref.shape
+    assert torch.isfinite(d).all(), "D holds NaN/inf: an element was not written"
+    k = a.shape[1]
+    u_out = UNIT_ROUNDOFF[d.dtype]
+    u_in = TF32_ROUNDOFF if allow_tf32 else 0.0
+    scale = a.double().abs() @ b.double().abs()
+    if c is not None:
+        scale = scale + c.double().abs()
+    bound = (2 * k * UNIT_ROUNDOFF[torch.float32] + 4 * u_out + 4 * u_in) * scale
+    excess = (d.double() - ref).abs() - bound
+    worst = int(excess.argmax()) if excess.numel() else 0
+    assert excess.numel() == 0 or excess.max() <= 0, (
+        f"element {divmod(worst, d.shape[1])} is off by {(d.double() - ref).abs().flatten()[worst]:.3e}"
+        f", bound {bound.flatten()[worst]:.3e}; relative Frobenius error "
+        f"{backends.relative_error(d, ref):.3e}")

@@ -1,0 +1,114 @@
+"""``gemmlab bench``: the CPU path end to end, and the rules of the sweep (check before
+timing; a failing backend is FAIL and never ranked)."""
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import HAS_GPU
+
+import backends
+from bench import gemm_bench as gb
+
+REPO = Path(__file__).resolve().parent.parent
+FAST = gb.Timing(warmup_ms=1, rep_ms=2, min_reps=2)
+
+
+def gemmlab(*args, env=None):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | (env or {})
+    return subprocess.run([sys.executable, "-m", "bench.cli", *args], capture_output=True,
+                          text=True, cwd=REPO, env=env, timeout=600)
+
+
+@pytest.mark.parametrize("text,shape", [("4096", (4096,) * 3), ("16384x4096x512", (16384, 4096, 512)),
+                                        ("1X2x3", (1, 2, 3))])
+def test_parse_shape(text, shape):
+    assert gb.parse_shape(text) == shape
+
+
+@pytest.mark.parametrize("text", ["", "0", "4x4", "axbxc", "1x2x3x4", "-5"])
+def test_parse_shape_rejects(text):
+    with pytest.raises(ValueError, match="is not N or MxNxK"):
+        gb.parse_shape(text)
+
+
+@pytest.mark.skipif(HAS_GPU, reason="the CPU functional check runs only without a GPU")
+def test_cpu_bench_end_to_end(tmp_path):
+    result = gemmlab("bench", "--shapes", "17x33x65,1", "--rep-ms", "2", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    first_line = result.stdout.splitlines()[0]
+    assert first_line.startswith("No CUDA GPU found: running the CPU functional check only")
+    assert "skipped cuda_regblock: no CUDA GPU" in result.stdout
+    assert "[CPU functional check]" in result.stdout
+
+    data = json.loads((tmp_path / "results.json").read_text())
+    meta, rows = data["meta"], data["rows"]
+    for key in ("gpu", "driver", "cuda", "torch", "triton", "cupy", "git_commit", "command", "date"):
+        assert key in meta
+    assert meta["command"].startswith("gemmlab bench")
+    ran = {(r["backend"], r["dtype"], r["M"], r["N"], r["K"]) for r in rows}
+    for shape in ((17, 33, 65), (1, 1, 1)):
+        for name in ("cublas", "torch_unfused", "triton_fused"):
+            assert (name, "fp32", *shape) in ran
+        assert ("triton_fused", "bf16", *shape) not in ran  # no bf16 in the interpreter
+    for r in rows:
+        assert r["ok"] and r["rel_err"] <= r["tol"] and r["ms"] > 0 and r["tflops"] > 0
+    csv_lines = (tmp_path / "results.csv").read_text().splitlines()
+    assert csv_lines[0].startswith("backend,dtype,M,N,K,ms,tflops")
+    assert len(csv_lines) == len(rows) + 1
+    assert (tmp_path / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_rejects_unknown_names():
+    result = gemmlab("bench", "--backends", "cublas,cutlass", "--dtypes", "fp8")
+    assert result.returncode == 2
+    assert "unknown fp8, cutlass" in result.stdout
+    assert gemmlab("bench", "--shapes", "4x4").returncode == 2
+
+
+def _broken(backend: backends.Backend, damage) -> backends.Backend:
+    def run(a, b, c, relu, allow_tf32, out):
+        d = backend.run(a, b, c, relu, allow_tf32, out)
+        damage(d)
+        return d
+    return dataclasses.replace(backend, run=run)
+
+
+@pytest.mark.parametrize("damage", [
+    lambda d: d.mul_(1.001),             # slightly wrong everywhere
+    lambda d: d[-1, -1].fill_(float("nan")),  # one element never written
+], ids=["wrong", "unwritten"])
+def test_a_failing_backend_is_fail_and_never_ranked(monkeypatch, damage):
+    monkeypatch.setitem(backends.BACKENDS, "torch_unfused",
+                        _broken(backends.BACKENDS["torch_unfused"], damage))
+    device = torch.device("cpu")
+    rows = gb.run_sweep(["cublas", "torch_unfused"], [(33, 17, 40)], ["fp32"], device, FAST)
+    cublas, unfused = rows
+    assert cublas["ok"] and cublas["pct_cublas"] == pytest.approx(100)
+    assert not unfused["ok"] and unfused["rel_err"] > unfused["tol"]
+    assert unfused["ms"] is None and unfused["tflops"] is None and unfused["pct_cublas"] is None
+    assert cublas["speedup_vs_torch_unfused"] is None
+
+
+def test_a_backend_that_raises_is_a_fail_row(monkeypatch):
+    def explode(d):
+        raise RuntimeError("launch failed")
+    monkeypatch.setitem(backends.BACKENDS, "cublas", _broken(backends.BACKENDS["cublas"], explode))
+    rows = gb.run_sweep(["cublas", "torch_unfused"], [(8, 8, 8)], ["fp32"], torch.device("cpu"), FAST)
+    assert not rows[0]["ok"] and rows[0]["error"] == "RuntimeError: launch failed"
+    assert rows[1]["ok"] and rows[1]["pct_cublas"] is None
+
+
+def test_ratios_are_within_one_shape_and_dtype():
+    rows = [dict(backend=n, dtype=d, M=8, N=8, K=8, ms=ms, pct_cublas=None,
+                 speedup_vs_torch_unfused=None)
+            for n, d, ms in [("cublas", "fp32", 1.0), ("torch_unfused", "fp32", 2.0),
+                             ("triton_fused", "fp32", 0.5), ("triton_fused", "fp16", 0.25)]]
+    gb.add_ratios(rows)
+    assert [r["pct_cublas"] for r in rows] == [100, 50, 200, None]
+    assert [r["speedup_vs_torch_unfused"] for r in rows] == [2, 1, 4, None]

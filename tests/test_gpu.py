@@ -1,0 +1,67 @@
+"""Every backend on a real GPU: odd shapes and edge cases against float64, stream order,
+IEEE fp32 by default, and the limits that raise before a launch. Marked ``gpu``."""
+
+import pytest
+import torch
+from conftest import HAS_GPU, assert_matches_reference, random_inputs
+
+import backends
+from backends import gemm
+
+pytestmark = pytest.mark.gpu
+SHAPES = [(1, 1, 1), (17, 33, 65), (127, 129, 3), (3, 1025, 7), (257, 1, 513),
+          (1000, 17, 129), (1031, 1029, 1027)]
+CASES = [(b.name, dtype) for b in backends.LADDER for dtype in b.dtypes] if HAS_GPU else []
+
+
+@pytest.mark.parametrize("backend,dtype", CASES, ids=[f"{b}-{str(d)[6:]}" for b, d in CASES])
+@pytest.mark.parametrize("m,n,k", SHAPES)
+@pytest.mark.parametrize("c_kind", ["full", "bias", None])
+def test_every_backend_on_odd_shapes(backend, dtype, m, n, k, c_kind, rng):
+    a, b, c = random_inputs(m, n, k, dtype, "cuda", c_kind, rng)
+    for activation in (None, "relu"):
+        out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
+        gemm(a, b, c, activation=activation, backend=backend, out=out)
+        assert_matches_reference(out, a, b, c, activation)
+
+
+@pytest.mark.parametrize("backend", [b.name for b in backends.LADDER])
+def test_launches_follow_torchs_current_stream(backend, rng):
+    """Inputs written by a long copy on a side stream must be seen by the GEMM queued after
+    it on that stream: a launch on another stream would race and read stale data."""
+    m = n = k = 2048
+    a, b, c = random_inputs(m, n, k, torch.float32, "cuda", "full", rng)
+    big = torch.randn(64 << 20, device="cuda")
+    a_stale = torch.zeros_like(a)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(4):
+            big.mul_(1.0)  # keeps the stream busy for a while
+        a_stale.copy_(a)
+        d = gemm(a_stale, b, c, activation="relu", backend=backend)
+    side.synchronize()
+    assert_matches_reference(d, a, b, c, "relu")
+
+
+@pytest.mark.parametrize("backend", ["cublas", "triton_fused"])
+def test_fp32_is_ieee_unless_tf32_is_asked_for(backend, rng):
+    a, b, c = random_inputs(256, 256, 4096, torch.float32, "cuda", "full", rng)
+    ieee = backends.relative_error(gemm(a, b, c, backend=backend), backends.reference(a, b, c))
+    tf32 = backends.relative_error(gemm(a, b, c, backend=backend, allow_tf32=True),
+                                   backends.reference(a, b, c))
+    assert ieee <= 1e-5 < tf32 <= 5e-3
+
+
+def test_grid_limit_is_a_clear_error():
+    a = torch.randn(16 * 65535 + 1, 1, device="cuda")
+    b = torch.randn(1, 1, device="cuda")
+    with pytest.raises(ValueError, match="gridDim.y"):
+        gemm(a, b, backend="cuda_naive")
+
+
+def test_triton_rejects_operands_beyond_32_bit_offsets():
+    a = torch.empty(2**31, 1, dtype=torch.float16, device="cuda")  # 4 GiB, never initialised
+    b = torch.ones(1, 1, dtype=torch.float16, device="cuda")
+    with pytest.raises(ValueError, match="indexes at most 2147483647 elements"):
+        gemm(a, b, backend="triton_fused")

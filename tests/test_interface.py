@@ -1,0 +1,208 @@
+"""gemm(): every error path, the degenerate shapes, strides, bias and out= handling, on the
+backends that run on this machine (the CPU ones on CI, all of them on a GPU)."""
+
+import pytest
+import torch
+from conftest import HAS_GPU, assert_matches_reference, random_inputs
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import backends
+from backends import BackendUnavailableError, gemm
+
+DEVICE = "cuda" if HAS_GPU else "cpu"
+RUNNING = [s.name for s in backends.available() if s.runs]
+LADDER_ORDER = ["cublas", "torch_unfused", "cuda_naive", "cuda_smem", "cuda_regblock",
+                "triton_fused"]
+
+
+def test_registry_is_the_ladder_in_order():
+    assert [b.name for b in backends.LADDER] == LADDER_ORDER
+    assert list(backends.BACKENDS) == LADDER_ORDER
+
+
+def test_available_lists_every_backend_with_a_reason_when_it_cannot_run():
+    status = backends.available()
+    assert [s.name for s in status] == LADDER_ORDER
+    for s in status:
+        assert s.runs == (s.reason == "")
+    assert {"cublas", "torch_unfused", "triton_fused"} <= {s.name for s in status if s.runs}
+
+
+@pytest.mark.skipif(HAS_GPU, reason="checks the no-GPU report")
+def test_cuda_backends_report_why_they_cannot_run_without_a_gpu(rng):
+    a, b, _ = random_inputs(4, 4, 4, generator=rng)
+    for name in ("cuda_naive", "cuda_smem", "cuda_regblock"):
+        with pytest.raises(BackendUnavailableError, match="no CUDA GPU"):
+            gemm(a, b, backend=name)
+
+
+def test_unknown_backend_lists_the_known_ones(rng):
+    a, b, _ = random_inputs(4, 4, 4, generator=rng)
+    with pytest.raises(ValueError, match="unknown backend 'cutlass'.*cublas.*triton_fused"):
+        gemm(a, b, backend="cutlass")
+
+
+@pytest.mark.parametrize("backend", RUNNING)
+class TestBadInput:
+    def test_non_2d(self, backend, rng):
+        a, b, _ = random_inputs(4, 5, 6, device=DEVICE, generator=rng)
+        with pytest.raises(ValueError, match="must be 2-D"):
+            gemm(a[None], b, backend=backend)
+        with pytest.raises(ValueError, match="must be 2-D"):
+            gemm(a, b[0], backend=backend)
+
+    def test_inner_dimensions_differ(self, backend, rng):
+        a, _, _ = random_inputs(4, 5, 6, device=DEVICE, generator=rng)
+        b = torch.randn(7, 5, generator=rng).to(DEVICE)
+        with pytest.raises(ValueError, match="inner dimensions differ: A is 4x6 but B is 7x5"):
+            gemm(a, b, backend=backend)
+
+    @pytest.mark.parametrize("c_shape", [(5,), (6, 4), (1, 6), (4,), (4, 6, 1)])
+    def test_c_of_wrong_shape(self, backend, c_shape, rng):
+        a, b, _ = random_inputs(4, 6, 5, device=DEVICE, generator=rng)
+        with pytest.raises(ValueError, match=r"C must be \(4, 6\) or a bias of shape \(6,\)"):
+            gemm(a, b, torch.zeros(c_shape, device=DEVICE) + 1, backend=backend)
+
+    def test_out_of_wrong_shape(self, backend, rng):
+        a, b, _ = random_inputs(4, 6, 5, device=DEVICE, generator=rng)
+        with pytest.raises(ValueError, match=r"out must have shape \(4, 6\)"):
+            gemm(a, b, backend=backend, out=torch.empty(6, 4, device=DEVICE))
+
+    def test_unknown_activation(self, backend, rng):
+        a, b, c = random_inputs(4, 6, 5, device=DEVICE, generator=rng)
+        with pytest.raises(ValueError, match="activation must be one of"):
+            gemm(a, b, c, activation="gelu", backend=backend)
+
+    def test_not_a_tensor(self, backend, rng):
+        a, b, _ = random_inputs(4, 6, 5, device=DEVICE, generator=rng)
+        with pytest.raises(TypeError, match="b must be a torch.Tensor, got list"):
+            gemm(a, b.tolist(), backend=backend)
+
+    def test_mixed_dtypes(self, backend, rng):
+        a, b, c = random_inputs(4, 6, 5, device=DEVICE, generator=rng)
+        with pytest.raises(TypeError, match="share one dtype.*c: torch.float16"):
+            gemm(a, b, c.half(), backend=backend)
+
+    def test_unsupported_dtype(self, backend, rng):
+        a, b, _ = random_inputs(4, 6, 5, device=DEVICE, generator=rng)
+        with pytest.raises(TypeError, match=f"backend '{backend}' supports .*got torch.float64"):
+            gemm(a.double(), b.double(), backend=backend)
+        with pytest.raises(TypeError, match="got torch.int32"):
+            gemm(a.int(), b.int(), backend=backend)
+
+    def test_tensors_on_different_devices(self, backend, rng):
+        a, b, _ = random_inputs(4, 6, 5, device=DEVICE, generator=rng)
+        with pytest.raises(ValueError, match="one device.*b: meta"):
+            gemm(a, b.to("meta"), backend=backend)
+
+    def test_unsupported_device(self, backend):
+        a = torch.empty(4, 5, device="meta")
+        b = torch.empty(5, 6, device="meta")
+        with pytest.raises(ValueError, match=f"backend '{backend}' runs on .*got meta"):
+            gemm(a, b, backend=backend)
+
+    def test_out_overlapping_an_input(self, backend, rng):
+        a, b, _ = random_inputs(6, 6, 6, device=DEVICE, generator=rng)
+        with pytest.raises(ValueError, match="out overlaps a"):
+            gemm(a, b, backend=backend, out=a)
+        rows = torch.randn(12, 6, generator=rng).to(DEVICE)
+        with pytest.raises(ValueError, match="out overlaps c"):
+            gemm(a, b, rows[6:], backend=backend, out=rows[3:9])
+
+    def test_tf32_only_where_it_applies(self, backend, rng):
+        a, b, _ = random_inputs(4, 6, 5, device=DEVICE, generator=rng)
+        impl = backends.BACKENDS[backend]
+        if impl.tf32 and a.is_cuda:
+            gemm(a, b, backend=backend, allow_tf32=True)  # accepted
+        else:
+            with pytest.raises(ValueError, match="allow_tf32 needs fp32 CUDA tensors"):
+                gemm(a, b, backend=backend, allow_tf32=True)
+        if "float16" in str(impl.dtypes):
+            with pytest.raises(ValueError, match="allow_tf32"):
+                gemm(a.half(), b.half(), backend=backend, allow_tf32=True)
+
+    def test_grad_only_through_differentiable_backends(self, backend, rng):
+        a, b, _ = random_inputs(4, 6, 5, device=DEVICE, generator=rng)
+        a.requires_grad_(True)
+        if backends.BACKENDS[backend].differentiable:
+            gemm(a, b, backend=backend).sum().backward()
+            assert torch.allclose(a.grad, b.sum(1).expand(4, 5), atol=1e-5)
+        else:
+            with pytest.raises(ValueError, match="has no backward"):
+                gemm(a, b, backend=backend)
+            with torch.no_grad():
+                gemm(a, b, backend=backend)
+
+
+@pytest.mark.parametrize("backend", RUNNING)
+@pytest.mark.parametrize("m,n,k", [(0, 5, 3), (4, 0, 3), (0, 0, 0), (4, 5, 0)])
+@pytest.mark.parametrize("c_kind", ["full", "bias", None])
+def test_empty_dimensions_give_the_exact_answer(backend, m, n, k, c_kind, rng):
+    a, b, c = random_inputs(m, n, k, device=DEVICE, c_kind=c_kind, generator=rng)
+    for activation in (None, "relu"):
+        d = gemm(a, b, c, activation=activation, backend=backend)
+        assert d.shape == (m, n) and d.dtype == a.dtype and d.device == a.device
+        expected = backends.reference(a, b, c, activation)  # zeros, C, or ReLU(C) when K = 0
+        assert torch.equal(d.double(), expected)
+        out = torch.full((m, n), float("nan"), device=DEVICE)
+        assert gemm(a, b, c, activation=activation, backend=backend, out=out) is out
+        assert torch.equal(out.double(), expected)
+
+
+@pytest.mark.parametrize("backend", RUNNING)
+@pytest.mark.parametrize("c_kind", ["full", "bias", None])
+def test_non_contiguous_inputs_and_out(backend, c_kind, rng):
+    m, n, k = 19, 23, 29
+
+    def randn(*shape):
+        return torch.randn(shape, generator=rng).to(DEVICE)
+
+    a = randn(k, m).t()  # transposed view
+    b = randn(n + 7, k).t()[:, 3:3 + n]  # transposed, then a column slice
+    c = {"full": lambda: randn(n, m).t(), "bias": lambda: randn(2 * n)[::2],
+         None: lambda: None}[c_kind]()
+    out = torch.full((n, m), float("nan"), device=DEVICE).t()
+    assert not (a.is_contiguous() or b.is_contiguous() or out.is_contiguous())
+    assert gemm(a, b, c, activation="relu", backend=backend, out=out) is out
+    assert_matches_reference(out, a, b, c, "relu")
+
+
+@pytest.mark.parametrize("backend", RUNNING)
+def test_out_receives_d_and_inputs_are_untouched(backend, rng):
+    a, b, c = random_inputs(33, 17, 9, device=DEVICE, generator=rng)
+    copies = [t.clone() for t in (a, b, c)]
+    out = torch.full((33, 17), float("nan"), device=DEVICE)
+    assert gemm(a, b, c, activation="relu", backend=backend, out=out) is out
+    assert_matches_reference(out, a, b, c, "relu")
+    assert all(torch.equal(x, y) for x, y in zip((a, b, c), copies))
+
+
+def test_every_call_runs_in_an_nvtx_range_named_after_the_backend(monkeypatch, rng):
+    import contextlib
+
+    import backends.api
+
+    names = []
+
+    def record(name):
+        names.append(name)
+        return contextlib.nullcontext()
+
+    monkeypatch.setattr(backends.api, "annotate", record)
+    a, b, c = random_inputs(5, 6, 7, device=DEVICE, generator=rng)
+    for backend in RUNNING:
+        gemm(a, b, c, activation="relu", backend=backend)
+    assert names == RUNNING
+
+
+@settings(max_examples=12, deadline=None)
+@given(m=st.integers(1, 70), n=st.integers(1, 70), k=st.integers(1, 70),
+       c_kind=st.sampled_from(["full", "bias", None]),
+       activation=st.sampled_from([None, "relu"]), seed=st.integers(0, 2**31 - 1))
+def test_random_shapes_match_float64_on_every_running_backend(m, n, k, c_kind, activation, seed):
+    gen = torch.Generator().manual_seed(seed)
+    a, b, c = random_inputs(m, n, k, device=DEVICE, c_kind=c_kind, generator=gen)
+    for backend in RUNNING:
+        d = gemm(a, b, c, activation=activation, backend=backend)
+        assert_matches_reference(d, a, b, c, activation)
