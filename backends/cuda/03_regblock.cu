@@ -5,9 +5,16 @@
 // shared-memory tile a thread loads TM values of A and TN values of B into registers and
 // does TM*TN multiply-adds with them: TM*TN/(TM+TN) = 4 FMAs per shared-memory load at 8x8,
 // against 0.5 in cuda_smem, so the kernel moves from shared-memory-bound towards FMA-bound.
-// A is stored transposed (k-major) in shared memory so that a thread's TM values of A are
-// contiguous, like its TN values of B, and can be read with wide (16-byte) loads; its rows
-// are padded so that the transposing stores do not pile onto one bank.
+//
+// Layout choices that make the register loads cheap:
+// - A is stored transposed (k-major) in shared memory, so a thread's values of A are
+//   contiguous like its values of B and are read with 16-byte loads (LDS.128); A's rows are
+//   padded so that the transposing stores do not pile onto one bank.
+// - A thread's TM x TN sub-tile is four TM/2 x TN/2 quadrants, BLOCK_M/2 rows and
+//   BLOCK_N/2 columns apart, not one contiguous block: the 8 threads of a quarter warp then
+//   read 8 consecutive 16-byte chunks of a shared-memory row (128 contiguous bytes, no bank
+//   conflict), where contiguous 8-wide sub-tiles would put two threads on the same banks.
+//   One H200 run at 4096^3 (2026-11-21): 29.3 TFLOP/s, against 27.3 with contiguous ones.
 // Global loads stay scalar (one float per thread per load); widening them is the next step.
 // Follows the structure of siboehm/SGEMM_CUDA kernel 5 ("2D blocktiling").
 #include "common.cuh"
@@ -29,8 +36,11 @@
 #endif
 #define THREADS ((BLOCK_M / TM) * (BLOCK_N / TN))
 #define A_PAD 4  // keeps rows 16-byte aligned and spreads the transposing stores over banks
+#define HALF_TM (TM / 2)
+#define HALF_TN (TN / 2)
 
 static_assert(BLOCK_M % TM == 0 && BLOCK_N % TN == 0, "tile must split into TM x TN sub-tiles");
+static_assert(TM % 2 == 0 && TN % 2 == 0, "a sub-tile is two halves in each dimension");
 static_assert((BLOCK_M * BLOCK_K) % THREADS == 0 && (BLOCK_K * BLOCK_N) % THREADS == 0,
               "each thread loads the same number of tile elements");
 
@@ -41,8 +51,10 @@ gemm_regblock(const float* __restrict__ A, const float* __restrict__ B,
     __shared__ __align__(16) float As[BLOCK_K][BLOCK_M + A_PAD];  // As[k][m] = A[m0 + m][k0 + k]
     __shared__ __align__(16) float Bs[BLOCK_K][BLOCK_N];
     const int tid = threadIdx.y * blockDim.x + threadIdx.x;
-    const int row = threadIdx.y * TM;  // first row and column of this thread's sub-tile
-    const int col = threadIdx.x * TN;
+    // This thread owns rows row0 + [0, HALF_TM) and BLOCK_M/2 + row0 + [0, HALF_TM) of the
+    // tile, and likewise for columns.
+    const int row0 = threadIdx.y * HALF_TM;
+    const int col0 = threadIdx.x * HALF_TN;
     const int m0 = blockIdx.y * BLOCK_M;
     const int n0 = blockIdx.x * BLOCK_N;
 
@@ -65,9 +77,15 @@ gemm_regblock(const float* __restrict__ A, const float* __restrict__ B,
 #pragma unroll
         for (int k = 0; k < BLOCK_K; ++k) {
 #pragma unroll
-            for (int i = 0; i < TM; ++i) a_reg[i] = As[k][row + i];
+            for (int i = 0; i < HALF_TM; ++i) {
+                a_reg[i] = As[k][row0 + i];
+                a_reg[HALF_TM + i] = As[k][BLOCK_M / 2 + row0 + i];
+            }
 #pragma unroll
-            for (int j = 0; j < TN; ++j) b_reg[j] = Bs[k][col + j];
+            for (int j = 0; j < HALF_TN; ++j) {
+                b_reg[j] = Bs[k][col0 + j];
+                b_reg[HALF_TN + j] = Bs[k][BLOCK_N / 2 + col0 + j];
+            }
 #pragma unroll
             for (int i = 0; i < TM; ++i)
 #pragma unroll
@@ -78,10 +96,10 @@ gemm_regblock(const float* __restrict__ A, const float* __restrict__ B,
 
 #pragma unroll
     for (int i = 0; i < TM; ++i) {
-        const int m = m0 + row + i;
+        const int m = m0 + row0 + (i < HALF_TM ? i : BLOCK_M / 2 + i - HALF_TM);
 #pragma unroll
         for (int j = 0; j < TN; ++j) {
-            const int n = n0 + col + j;
+            const int n = n0 + col0 + (j < HALF_TN ? j : BLOCK_N / 2 + j - HALF_TN);
             if (m < M && n < N) D[(long long)m * N + n] = gemm_epilogue(acc[i][j], C, ldc, m, n, relu);
         }
     }
