@@ -16,6 +16,7 @@ tensors) nothing can be timed, so one small ``INTERPRETER_CONFIG`` is used.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 
 import torch
@@ -118,8 +119,9 @@ tuned_kernel = triton.autotune(configs=CONFIGS_16BIT + CONFIGS_FP32,
                                prune_configs_by={"early_config_prune": _prune})(fused_gemm_kernel)
 
 
+@functools.cache
 def unavailable_reason() -> str | None:
-    """Why triton_fused cannot run here, or None when it can."""
+    """Why triton_fused cannot run here, or None when it can (asked once per process)."""
     if INTERPRETED or torch.cuda.is_available():
         return None
     return ("no CUDA GPU visible to torch; set TRITON_INTERPRET=1 before importing gemmlab "

@@ -48,12 +48,15 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
         console.print(f"error: {exc}")
         return 2
     dtype_names = _csv(args.dtypes) if args.dtypes else (gb.GPU_DTYPES if gpu else gb.CPU_DTYPES)
+    epilogues = tuple(_csv(args.epilogues))
     unknown = [d for d in dtype_names if d not in gb.DTYPES]
+    unknown += [e for e in epilogues if e not in gb.EPILOGUES]
     names = _csv(args.backends) if args.backends else list(backends.BACKENDS)
     unknown += [n for n in names if n not in backends.BACKENDS]
     if unknown:
         console.print(f"error: unknown {', '.join(unknown)}; backends: "
-                      f"{', '.join(backends.BACKENDS)}; dtypes: {', '.join(gb.DTYPES)}")
+                      f"{', '.join(backends.BACKENDS)}; dtypes: {', '.join(gb.DTYPES)}; "
+                      f"epilogues: {', '.join(gb.EPILOGUES)}")
         return 2
     status = {s.name: s for s in backends.available()}
     for name in names:
@@ -63,19 +66,23 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
 
     timing = gb.Timing(args.warmup_ms, args.rep_ms, args.min_reps)
     with Progress(console=console, transient=True) as progress:
-        task = progress.add_task("bench", total=gb.count_rows(names, shapes, dtype_names, device))
+        total = gb.count_rows(names, shapes, dtype_names, device, epilogues)
+        task = progress.add_task("bench", total=total)
 
         def step(description: str) -> None:
             progress.update(task, description=description, advance=1)
 
-        rows = gb.run_sweep(names, shapes, dtype_names, device, timing, args.seed, step)
+        rows = gb.run_sweep(names, shapes, dtype_names, device, timing, args.seed, epilogues, step)
 
-    table = Table(title="D = ReLU(A @ B + C)" + ("" if gpu else "  [CPU functional check]"))
-    for col in ("backend", "dtype", "M", "N", "K", "ms", "TFLOP/s", "% cuBLAS",
+    title = "gemmlab bench" + ("" if gpu else "  [CPU functional check]")
+    table = Table(title=title)
+    for col in ("backend", "dtype", "D =", "M", "N", "K", "ms", "TFLOP/s", "% cuBLAS",
                 "x unfused", "rel err", "check"):
-        table.add_column(col, justify="left" if col in ("backend", "dtype", "check") else "right")
+        numeric = col not in ("backend", "dtype", "D =", "check")
+        table.add_column(col, justify="right" if numeric else "left")
     for r in rows:
-        table.add_row(r["backend"], r["dtype"], str(r["M"]), str(r["N"]), str(r["K"]),
+        table.add_row(r["backend"], r["dtype"], gb.FORMULAS[r["epilogue"]],
+                      str(r["M"]), str(r["N"]), str(r["K"]),
                       gb.fmt(r["ms"], ".4f"), gb.fmt(r["tflops"], ".2f"),
                       gb.fmt(r["pct_cublas"], ".1f"), gb.fmt(r["speedup_vs_torch_unfused"], ".2f"),
                       gb.fmt(r["rel_err"], ".1e"), "PASS" if r["ok"] else "FAIL")
@@ -83,7 +90,8 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
     failed = [r for r in rows if not r["ok"]]
     for r in failed:
         why = r["error"] or f"relative error {r['rel_err']:.2e} > tolerance {r['tol']:.0e}"
-        console.print(f"FAIL {r['backend']} {r['dtype']} {r['M']}x{r['N']}x{r['K']}: {why}")
+        console.print(f"FAIL {r['backend']} {r['dtype']} {gb.FORMULAS[r['epilogue']]} "
+                      f"{r['M']}x{r['N']}x{r['K']}: {why}")
     if args.out:
         for path in write_results(args.out, collect_meta(), rows, gb.plot):
             console.print(f"wrote {path}")
@@ -123,6 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "4096x4096x256; on CPU: 127x129x65,256)")
     bench.add_argument("--dtypes", help="comma list of fp32, tf32, fp16, bf16 "
                        "(default on GPU: all four; on CPU: fp32,fp16,bf16)")
+    bench.add_argument("--epilogues", default="relu_c",
+                       help="comma list of relu_c (ReLU(A@B+C), default), c (A@B+C), relu_bias, "
+                       "bias (C a length-N bias), none (plain A@B)")
     bench.add_argument("--warmup-ms", type=float, default=25, help="warm-up per row (ms)")
     bench.add_argument("--rep-ms", type=float, default=100, help="timed repeats per row (ms)")
     bench.add_argument("--min-reps", type=int, default=10, help="fewest timed repeats per row")

@@ -1,10 +1,11 @@
 """``gemmlab bench``: every backend of the ladder, checked, then timed, against cuBLAS.
 
-For each shape x dtype the same fresh random A, B and C feed every backend. Each backend
-first writes D = ReLU(A @ B + C) into an output poisoned with NaN and is compared with the
-float64 reference (relative Frobenius error, tolerance by dtype, every element written);
-only a backend that passes is timed, and only timed rows get TFLOP/s = 2*M*N*K / t, a
-percentage of ``cublas`` at the same dtype and a speedup over ``torch_unfused``.
+For each shape x dtype x epilogue the same fresh random A, B and C feed every backend. Each
+backend first writes D (by default ReLU(A @ B + C)) into an output poisoned with NaN and is
+compared with the float64 reference (relative Frobenius error, tolerance by dtype, every
+element written); only a backend that passes is timed, and only timed rows get
+TFLOP/s = 2*M*N*K / t, a percentage of ``cublas`` on the same problem and a speedup over
+``torch_unfused``.
 The layout follows karpathy/llm.c ``dev/cuda`` (validate every version, then time it,
 napkin math beside each time) and siboehm/SGEMM_CUDA (GFLOP/s and % of cuBLAS per step).
 """
@@ -30,7 +31,11 @@ CPU_SHAPES = [(127, 129, 65), (256, 256, 256)]
 CPU_DTYPES = ["fp32", "fp16", "bf16"]
 DTYPES = {"fp32": (torch.float32, False), "tf32": (torch.float32, True),
           "fp16": (torch.float16, False), "bf16": (torch.bfloat16, False)}
-ACTIVATION = "relu"
+# Epilogue name -> (C: full (M, N), bias (N,) or none; activation). relu_c is the project's op.
+EPILOGUES = {"relu_c": ("full", "relu"), "c": ("full", None), "relu_bias": ("bias", "relu"),
+             "bias": ("bias", None), "none": (None, None)}
+FORMULAS = {"relu_c": "ReLU(A @ B + C)", "c": "A @ B + C", "relu_bias": "ReLU(A @ B + bias)",
+            "bias": "A @ B + bias", "none": "A @ B"}
 
 
 @dataclass(frozen=True)
@@ -67,25 +72,24 @@ def supports(backend: backends.Backend, dtype_name: str, device: torch.device) -
             and (not tf32 or (backend.tf32 and device.type == "cuda")))
 
 
-def make_inputs(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device,
-                generator: torch.Generator):
-    """Fresh standard-normal A (M, K), B (K, N), C (M, N): never zeros, signs mixed so the
-    ReLU cuts about half of D."""
-    def randn(*shape):
-        return torch.randn(shape, generator=generator, device=device).to(dtype)
-    return randn(m, k), randn(k, n), randn(m, n)
+def random_operand(*shape, dtype: torch.dtype, device: torch.device,
+                   generator: torch.Generator) -> torch.Tensor:
+    """Fresh standard-normal values: never zeros, signs mixed so a ReLU cuts about half of D."""
+    return torch.randn(shape, generator=generator, device=device).to(dtype)
 
 
-def check_and_time(name: str, a, b, c, ref, dtype_name: str, timing: Timing) -> dict:
+def check_and_time(name: str, a, b, c, ref, dtype_name: str, epilogue: str,
+                   timing: Timing) -> dict:
     """One row: check ``name`` against ``ref`` on a poisoned output, then time it if it passed."""
     tf32 = DTYPES[dtype_name][1]
+    activation = EPILOGUES[epilogue][1]
     m, n, k = a.shape[0], b.shape[1], a.shape[1]
-    row = {"backend": name, "dtype": dtype_name, "M": m, "N": n, "K": k, "ms": None,
-           "tflops": None, "pct_cublas": None, "speedup_vs_torch_unfused": None,
+    row = {"backend": name, "dtype": dtype_name, "epilogue": epilogue, "M": m, "N": n, "K": k,
+           "ms": None, "tflops": None, "pct_cublas": None, "speedup_vs_torch_unfused": None,
            "rel_err": None, "tol": TOLERANCES[dtype_name], "ok": False, "config": "", "error": ""}
     out = torch.full((m, n), float("nan"), dtype=a.dtype, device=a.device)
     try:
-        backends.gemm(a, b, c, activation=ACTIVATION, backend=name, out=out, allow_tf32=tf32)
+        backends.gemm(a, b, c, activation=activation, backend=name, out=out, allow_tf32=tf32)
     except Exception as exc:  # a broken backend is a FAIL row, not the end of the sweep
         row["error"] = f"{type(exc).__name__}: {exc}"
         return row
@@ -93,7 +97,7 @@ def check_and_time(name: str, a, b, c, ref, dtype_name: str, timing: Timing) -> 
     row.update(rel_err=err, ok=err <= row["tol"], config=backends.BACKENDS[name].config())
     del out
     if row["ok"]:
-        ms = time_ms(lambda: backends.gemm(a, b, c, activation=ACTIVATION, backend=name,
+        ms = time_ms(lambda: backends.gemm(a, b, c, activation=activation, backend=name,
                                            allow_tf32=tf32),
                      a.device, warmup_ms=timing.warmup_ms, rep_ms=timing.rep_ms,
                      min_reps=timing.min_reps)
@@ -102,9 +106,9 @@ def check_and_time(name: str, a, b, c, ref, dtype_name: str, timing: Timing) -> 
 
 
 def add_ratios(rows: list[dict]) -> None:
-    """Fill % of cuBLAS and speedup over torch_unfused, within each (shape, dtype)."""
+    """Fill % of cuBLAS and speedup over torch_unfused, within each (shape, dtype, epilogue)."""
     def key(r):
-        return r["M"], r["N"], r["K"], r["dtype"]
+        return r["M"], r["N"], r["K"], r["dtype"], r["epilogue"]
     base = {(key(r), r["backend"]): r["ms"] for r in rows if r["ms"] is not None}
     for r in rows:
         if r["ms"] is None:
@@ -116,9 +120,11 @@ def add_ratios(rows: list[dict]) -> None:
 
 
 def run_sweep(names: list[str], shapes: list[tuple[int, int, int]], dtype_names: list[str],
-              device: torch.device, timing: Timing, seed: int = 0, progress=None) -> list[dict]:
-    """Check and time every (shape, dtype, backend) that the backend supports on ``device``.
+              device: torch.device, timing: Timing, seed: int = 0,
+              epilogues: tuple[str, ...] = ("relu_c",), progress=None) -> list[dict]:
+    """Check and time every (shape, dtype, epilogue, backend) the backend supports on ``device``.
 
+    Every backend of one (shape, dtype, epilogue) sees the same fresh random inputs.
     ``progress``, if given, is called with a short description before each row.
     Returns rows in sweep order with ratios filled.
     """
@@ -129,35 +135,41 @@ def run_sweep(names: list[str], shapes: list[tuple[int, int, int]], dtype_names:
             chosen = [x for x in names if supports(backends.BACKENDS[x], dtype_name, device)]
             if not chosen:
                 continue
-            a, b, c = make_inputs(m, n, k, DTYPES[dtype_name][0], device, generator)
-            ref = backends.reference(a, b, c, ACTIVATION)
-            for name in chosen:
-                if progress is not None:
-                    progress(f"{name} {dtype_name} {m}x{n}x{k}")
-                rows.append(check_and_time(name, a, b, c, ref, dtype_name, timing))
-            del a, b, c, ref
+            dtype = DTYPES[dtype_name][0]
+            a = random_operand(m, k, dtype=dtype, device=device, generator=generator)
+            b = random_operand(k, n, dtype=dtype, device=device, generator=generator)
+            for epilogue in epilogues:
+                c_kind, activation = EPILOGUES[epilogue]
+                c_shape = {"full": (m, n), "bias": (n,), None: None}[c_kind]
+                c = None if c_shape is None else random_operand(
+                    *c_shape, dtype=dtype, device=device, generator=generator)
+                ref = backends.reference(a, b, c, activation)
+                for name in chosen:
+                    if progress is not None:
+                        progress(f"{name} {dtype_name} {FORMULAS[epilogue]} {m}x{n}x{k}")
+                    rows.append(check_and_time(name, a, b, c, ref, dtype_name, epilogue, timing))
+                del c, ref
     add_ratios(rows)
     return rows
 
 
-def count_rows(names, shapes, dtype_names, device) -> int:
+def count_rows(names, shapes, dtype_names, device, epilogues=("relu_c",)) -> int:
     """How many rows ``run_sweep`` will produce (for the progress bar)."""
-    return len(shapes) * sum(supports(backends.BACKENDS[x], d, device)
-                             for x in names for d in dtype_names)
+    return len(shapes) * len(epilogues) * sum(supports(backends.BACKENDS[x], d, device)
+                                              for x in names for d in dtype_names)
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    """TFLOP/s per backend and shape, one panel per dtype; failed rows are left out."""
+    """TFLOP/s per backend and shape, one panel per (dtype, epilogue); failed rows left out."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    dtype_names = list(dict.fromkeys(r["dtype"] for r in rows))
-    fig, axes = plt.subplots(len(dtype_names), 1, figsize=(11, 3.2 * len(dtype_names)),
-                             squeeze=False)
-    for ax, dtype_name in zip(axes[:, 0], dtype_names):
-        sub = [r for r in rows if r["dtype"] == dtype_name]
+    panels = list(dict.fromkeys((r["dtype"], r["epilogue"]) for r in rows))
+    fig, axes = plt.subplots(len(panels), 1, figsize=(11, 3.2 * len(panels)), squeeze=False)
+    for ax, (dtype_name, epilogue) in zip(axes[:, 0], panels):
+        sub = [r for r in rows if (r["dtype"], r["epilogue"]) == (dtype_name, epilogue)]
         shapes = list(dict.fromkeys(f"{r['M']}x{r['N']}x{r['K']}" for r in sub))
         names = list(dict.fromkeys(r["backend"] for r in sub))
         width = 0.8 / len(names)
@@ -168,7 +180,7 @@ def plot(rows: list[dict], path: Path) -> None:
             ax.bar(xs, [by_shape[s] for s in shapes if s in by_shape], width, label=name)
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(shapes))], shapes, fontsize=8)
         ax.set_ylabel("TFLOP/s")
-        ax.set_title(f"D = ReLU(A @ B + C), {dtype_name}", fontsize=10)
+        ax.set_title(f"D = {FORMULAS[epilogue]}, {dtype_name}", fontsize=10)
         ax.legend(fontsize=7, ncol=3)
         ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()

@@ -51,6 +51,7 @@ def test_cpu_bench_end_to_end(tmp_path):
     for key in ("gpu", "driver", "cuda", "torch", "triton", "cupy", "git_commit", "command", "date"):
         assert key in meta
     assert meta["command"].startswith("gemmlab bench")
+    assert {r["epilogue"] for r in rows} == {"relu_c"}
     ran = {(r["backend"], r["dtype"], r["M"], r["N"], r["K"]) for r in rows}
     for shape in ((17, 33, 65), (1, 1, 1)):
         for name in ("cublas", "torch_unfused", "triton_fused"):
@@ -59,15 +60,16 @@ def test_cpu_bench_end_to_end(tmp_path):
     for r in rows:
         assert r["ok"] and r["rel_err"] <= r["tol"] and r["ms"] > 0 and r["tflops"] > 0
     csv_lines = (tmp_path / "results.csv").read_text().splitlines()
-    assert csv_lines[0].startswith("backend,dtype,M,N,K,ms,tflops")
+    assert csv_lines[0].startswith("backend,dtype,epilogue,M,N,K,ms,tflops")
     assert len(csv_lines) == len(rows) + 1
     assert (tmp_path / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_bench_rejects_unknown_names():
-    result = gemmlab("bench", "--backends", "cublas,cutlass", "--dtypes", "fp8")
+    result = gemmlab("bench", "--backends", "cublas,cutlass", "--dtypes", "fp8",
+                     "--epilogues", "gelu")
     assert result.returncode == 2
-    assert "unknown fp8, cutlass" in result.stdout
+    assert "unknown fp8, gelu, cutlass" in result.stdout
     assert gemmlab("bench", "--shapes", "4x4").returncode == 2
 
 
@@ -105,10 +107,21 @@ def test_a_backend_that_raises_is_a_fail_row(monkeypatch):
 
 
 def test_ratios_are_within_one_shape_and_dtype():
-    rows = [dict(backend=n, dtype=d, M=8, N=8, K=8, ms=ms, pct_cublas=None,
+    rows = [dict(backend=n, dtype=d, epilogue=e, M=8, N=8, K=8, ms=ms, pct_cublas=None,
                  speedup_vs_torch_unfused=None)
-            for n, d, ms in [("cublas", "fp32", 1.0), ("torch_unfused", "fp32", 2.0),
-                             ("triton_fused", "fp32", 0.5), ("triton_fused", "fp16", 0.25)]]
+            for n, d, e, ms in [("cublas", "fp32", "relu_c", 1.0),
+                                ("torch_unfused", "fp32", "relu_c", 2.0),
+                                ("triton_fused", "fp32", "relu_c", 0.5),
+                                ("triton_fused", "fp16", "relu_c", 0.25),
+                                ("triton_fused", "fp32", "none", 0.25)]]
     gb.add_ratios(rows)
-    assert [r["pct_cublas"] for r in rows] == [100, 50, 200, None]
-    assert [r["speedup_vs_torch_unfused"] for r in rows] == [2, 1, 4, None]
+    assert [r["pct_cublas"] for r in rows] == [100, 50, 200, None, None]
+    assert [r["speedup_vs_torch_unfused"] for r in rows] == [2, 1, 4, None, None]
+
+
+def test_every_epilogue_is_checked_against_its_own_reference():
+    rows = gb.run_sweep(["cublas", "torch_unfused", "triton_fused"], [(19, 23, 17)], ["fp32"],
+                        torch.device("cpu"), FAST, epilogues=tuple(gb.EPILOGUES))
+    assert [(r["backend"], r["epilogue"]) for r in rows] == [
+        (name, e) for e in gb.EPILOGUES for name in ("cublas", "torch_unfused", "triton_fused")]
+    assert all(r["ok"] and r["rel_err"] <= 1e-6 for r in rows), rows

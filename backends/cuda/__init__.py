@@ -19,6 +19,7 @@ grid of ``(cdiv(N, BLOCK_N), cdiv(M, BLOCK_M))`` blocks.
 from __future__ import annotations
 
 import functools
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,8 +29,10 @@ SOURCE_DIR = Path(__file__).resolve().parent
 _MAX_GRID_Y = 65535  # CUDA's limit on gridDim.y, which runs over the tiles along M
 
 
+@functools.cache
 def cuda_unavailable_reason() -> str | None:
-    """Why the CuPy-launched CUDA kernels cannot run here, or None when they can."""
+    """Why the CuPy-launched CUDA kernels cannot run here, or None when they can (asked once
+    per process: gemm() checks it on every call)."""
     if not torch.cuda.is_available():
         return "no CUDA GPU visible to torch"
     try:
@@ -122,4 +125,8 @@ def _stream(ptr: int, device: int):
     """CuPy's view of a torch stream, so CuPy launches stay in torch's stream order."""
     import cupy
 
-    return cupy.cuda.ExternalStream(ptr, device)
+    # CuPy 14 deprecates ExternalStream for Stream.from_external; CuPy 13 (the cuda12
+    # extra) has only ExternalStream, which both accept.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return cupy.cuda.ExternalStream(ptr, device)
