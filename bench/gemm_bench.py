@@ -166,6 +166,7 @@ def plot(rows: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    colors = {name: f"C{i}" for i, name in enumerate(backends.BACKENDS)}  # same in every panel
     panels = list(dict.fromkeys((r["dtype"], r["epilogue"]) for r in rows))
     fig, axes = plt.subplots(len(panels), 1, figsize=(11, 3.2 * len(panels)), squeeze=False)
     for ax, (dtype_name, epilogue) in zip(axes[:, 0], panels):
@@ -177,7 +178,8 @@ def plot(rows: list[dict], path: Path) -> None:
             by_shape = {f"{r['M']}x{r['N']}x{r['K']}": r["tflops"] for r in sub
                         if r["backend"] == name and r["tflops"] is not None}
             xs = [j + i * width for j, s in enumerate(shapes) if s in by_shape]
-            ax.bar(xs, [by_shape[s] for s in shapes if s in by_shape], width, label=name)
+            ax.bar(xs, [by_shape[s] for s in shapes if s in by_shape], width, label=name,
+                   color=colors[name])
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(shapes))], shapes, fontsize=8)
         ax.set_ylabel("TFLOP/s")
         ax.set_title(f"D = {FORMULAS[epilogue]}, {dtype_name}", fontsize=10)

@@ -120,8 +120,9 @@ def test_ratios_are_within_one_shape_and_dtype():
 
 
 def test_every_epilogue_is_checked_against_its_own_reference():
+    device = torch.device("cuda" if HAS_GPU else "cpu")
     rows = gb.run_sweep(["cublas", "torch_unfused", "triton_fused"], [(19, 23, 17)], ["fp32"],
-                        torch.device("cpu"), FAST, epilogues=tuple(gb.EPILOGUES))
+                        device, FAST, epilogues=tuple(gb.EPILOGUES))
     assert [(r["backend"], r["epilogue"]) for r in rows] == [
         (name, e) for e in gb.EPILOGUES for name in ("cublas", "torch_unfused", "triton_fused")]
     assert all(r["ok"] and r["rel_err"] <= 1e-6 for r in rows), rows
