@@ -104,7 +104,7 @@ def _triton_backend() -> Backend:
         config=triton_fused.last_config if present else lambda: "")
 
 
-def _always() -> None:
+def _runs_everywhere() -> None:
     return None
 
 
@@ -112,11 +112,11 @@ LADDER: tuple[Backend, ...] = (
     Backend("cublas", "cuBLAS via torch.mm/addmm (+C as beta=1), then an in-place ReLU",
             torch_backends.run_cublas, torch_backends.DTYPES, ("cuda", "cpu"),
             fused_epilogue=False, tf32=True, strided=True, differentiable=True,
-            max_numel=None, unavailable=_always, config=lambda: "cuBLAS heuristics"),
+            max_numel=None, unavailable=_runs_everywhere, config=lambda: "cuBLAS heuristics"),
     Backend("torch_unfused", "torch.relu(a @ b + c) as a user writes it: three kernels",
             torch_backends.run_unfused, torch_backends.DTYPES, ("cuda", "cpu"),
             fused_epilogue=False, tf32=True, strided=True, differentiable=True,
-            max_numel=None, unavailable=_always, config=lambda: "cuBLAS + 2 elementwise"),
+            max_numel=None, unavailable=_runs_everywhere, config=lambda: "cuBLAS + 2 elementwise"),
     _cuda_backend("cuda_naive", "one thread per output, operands straight from global memory"),
     _cuda_backend("cuda_smem", "shared-memory tiling: each operand loaded once per block"),
     _cuda_backend("cuda_regblock", "register blocking: a TM x TN sub-tile of D per thread"),
