@@ -10,7 +10,7 @@ setup(
     long_description_content_type="text/markdown",
     license="MIT",
     python_requires=">=3.10",
-    packages=["backends", "backends.cuda", "bench", "profiling", "tp"],
+    packages=["backends", "backends.cuda", "bench", "profiling", "tp", "tp.comm"],
     package_data={"backends.cuda": ["*.cu", "*.cuh"]},
     install_requires=[
         "torch>=2.9",  # torch.backends.cuda.matmul.fp32_precision
@@ -25,7 +25,7 @@ setup(
         "cuda13": ["cupy-cuda13x>=13"],
         "pycuda": ["pycuda"],
         "mpi": ["mpi4py>=4", "mpich"],
-        "dev": ["pytest>=8", "pytest-timeout", "hypothesis"],
+        "dev": ["pytest>=8", "pytest-timeout", "hypothesis", "ruff"],
     },
     entry_points={"console_scripts": ["gemmlab = bench.cli:main"]},
 )

@@ -139,8 +139,9 @@ def _check(impl: Backend, a, b, c, activation, out, allow_tf32) -> tuple[int, in
         raise ValueError(f"allow_tf32 needs fp32 CUDA tensors and a backend with TF32 "
                          f"(backend {impl.name!r}, {a.dtype} on {a.device})")
     if impl.max_numel is not None and max(t.numel() for t in tensors.values()) > impl.max_numel:
+        shapes = {label: tuple(t.shape) for label, t in tensors.items()}
         raise ValueError(f"backend {impl.name!r} indexes at most {impl.max_numel} elements "
-                         f"per operand; got shapes {_listing({k: tuple(t.shape) for k, t in tensors.items()})}")
+                         f"per operand; got shapes {_listing(shapes)}")
     if out is not None:
         for label in ("a", "b", "c"):
             if label in tensors and _overlap(out, tensors[label]):

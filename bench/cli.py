@@ -99,10 +99,77 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
     return 1 if failed else 0
 
 
+def cmd_comm(args: argparse.Namespace, console: Console) -> int:
+    """Run under ``mpiexec -n P``; rank 0 prints and writes, every rank measures."""
+    from mpi4py import MPI
+
+    import tp.comm
+    from tp.mpi import abort_on_exception, bind_device
+
+    from . import comm_bench as cb
+    from .results import collect_meta, write_results
+
+    abort_on_exception()
+    world = MPI.COMM_WORLD
+    lead = world.Get_rank() == 0
+    say = console.print if lead else (lambda *a, **k: None)
+    device_type = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    default_backends = "nccl_direct,nccl,ring,ring/mpi,mpi" if device_type == "cuda" else "mpi,ring"
+    names = _csv(args.backend or default_backends)
+    ops = _csv(args.op)
+    try:
+        steps = cb.sizes(cb.parse_bytes(args.minbytes), cb.parse_bytes(args.maxbytes),
+                         args.stepfactor)
+        unknown = [x for x in ops if x not in cb.COLLECTIVES]
+        unknown += [x for x in names if x not in (*tp.comm.BACKENDS, "nccl_direct")]
+        unknown += [] if args.dtype in cb.DTYPES else [args.dtype]
+        if unknown:
+            raise ValueError(f"unknown {', '.join(unknown)}; ops: {', '.join(cb.COLLECTIVES)}; "
+                             f"backends: {', '.join((*tp.comm.BACKENDS, 'nccl_direct'))}; "
+                             f"dtypes: {', '.join(cb.DTYPES)}")
+        if device_type == "cuda" and not torch.cuda.is_available():
+            raise ValueError("--device cuda but no CUDA GPU is visible")
+    except ValueError as exc:
+        say(f"error: {exc}")
+        return 2
+    device = bind_device(world) if device_type == "cuda" else torch.device("cpu")
+    dtype = cb.DTYPES[args.dtype]
+    say(f"gemmlab comm: {world.Get_size()} ranks, {device_type}, {args.dtype}, "
+        f"{args.iters} iterations after {args.warmup_iters} warm-up")
+    comms = {name: cb.DirectNccl(world, device) if name == "nccl_direct"
+             else tp.comm.create(name, world, device) for name in names}
+    rows = []
+    for op in ops:
+        for name, comm in comms.items():
+            if not cb.supports(comm, op, dtype):
+                say(f"skipped {op} on {name}: not supported for {args.dtype}")
+                continue
+            block = [row for size in steps
+                     if (row := cb.measure(comm, op, size, dtype, device, world,
+                                           args.iters, args.warmup_iters)) is not None]
+            rows += block
+            table = Table(title=f"{op} | {block[0]['backend'] if block else name} | "
+                          f"{world.Get_size()} ranks | {args.dtype} | {device_type}")
+            for col in ("size (B)", "count", "type", "time (us)", "algbw (GB/s)",
+                        "busbw (GB/s)", "#wrong"):
+                table.add_column(col, justify="right")
+            for r in block:
+                table.add_row(str(r["bytes"]), str(r["count"]), r["dtype"], f"{r['time_us']:.1f}",
+                              f"{r['algbw']:.2f}", f"{r['busbw']:.2f}", str(r["wrong"]))
+            say(table)
+    for comm in comms.values():
+        comm.close()
+    wrong = sum(r["wrong"] for r in rows)
+    if lead and args.out:
+        for path in write_results(args.out, collect_meta(), rows, cb.plot):
+            say(f"wrote {path}")
+    say(f"{len(rows)} measurements, {wrong} wrong elements")
+    return 1 if wrong else 0
+
+
 def cmd_info(args: argparse.Namespace, console: Console) -> int:
     _prepare_backends(console)
     import backends
-
     from backends.reference import DTYPE_NAMES
 
     table = Table(title="gemmlab backends, in ladder order")
@@ -140,6 +207,27 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     bench.add_argument("--out", help="directory for results.json, results.csv, results.png")
     bench.set_defaults(func=cmd_bench)
+
+    comm = sub.add_parser("comm", help="nccl-tests-style sweep of the collectives "
+                          "(start with mpiexec -n P gemmlab comm ...)",
+                          description="Check, then time, collectives over a size sweep on every "
+                          "rank of MPI_COMM_WORLD; rank 0 prints and writes the results.")
+    comm.add_argument("-b", "--minbytes", default="1K", help="smallest size (default 1K)")
+    comm.add_argument("-e", "--maxbytes", default="16M", help="largest size (default 16M)")
+    comm.add_argument("-f", "--stepfactor", type=int, default=2, help="size multiplier")
+    comm.add_argument("-n", "--iters", type=int, default=20, help="timed iterations per size")
+    comm.add_argument("-w", "--warmup_iters", type=int, default=5, help="warm-up iterations")
+    comm.add_argument("--op", default="all_reduce",
+                      help="comma list of all_reduce, all_gather, reduce_scatter, all_to_all, "
+                      "broadcast")
+    comm.add_argument("--backend", help="comma list of mpi, ring, ring/mpi, ring/nccl, nccl, "
+                      "nccl_direct (default: all that run on the device)")
+    comm.add_argument("--dtype", default="float32", help="float32, float64, float16, "
+                      "bfloat16, int32 or int64")
+    comm.add_argument("--device", choices=("cpu", "cuda"),
+                      help="where the buffers live (default: cuda when a GPU is visible)")
+    comm.add_argument("--out", help="directory for results.json, results.csv, results.png")
+    comm.set_defaults(func=cmd_comm)
 
     info = sub.add_parser("info", help="which backends run on this machine, and why not")
     info.set_defaults(func=cmd_info)

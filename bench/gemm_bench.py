@@ -192,4 +192,5 @@ def plot(rows: list[dict], path: Path) -> None:
 
 def fmt(value, spec: str) -> str:
     """Table cell: ``-`` for a missing value."""
-    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
+    missing = value is None or (isinstance(value, float) and math.isnan(value))
+    return "-" if missing else format(value, spec)

@@ -55,7 +55,8 @@ def collect_meta() -> dict:
     """Where and how a result was measured: GPU, driver, CUDA, library versions, git commit,
     command line and UTC date."""
     cuda = torch.cuda.is_available()
-    driver = _run("nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader") if cuda else None
+    driver = (_run("nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader")
+              if cuda else None)
     return {
         "gpu": torch.cuda.get_device_name() if cuda else None,
         "gpu_count": torch.cuda.device_count() if cuda else 0,

@@ -25,8 +25,8 @@ def gemmlab(*args, env=None):
                           text=True, cwd=REPO, env=env, timeout=600)
 
 
-@pytest.mark.parametrize("text,shape", [("4096", (4096,) * 3), ("16384x4096x512", (16384, 4096, 512)),
-                                        ("1X2x3", (1, 2, 3))])
+@pytest.mark.parametrize("text,shape", [("4096", (4096,) * 3), ("1X2x3", (1, 2, 3)),
+                                        ("16384x4096x512", (16384, 4096, 512))])
 def test_parse_shape(text, shape):
     assert gb.parse_shape(text) == shape
 
@@ -48,7 +48,8 @@ def test_cpu_bench_end_to_end(tmp_path):
 
     data = json.loads((tmp_path / "results.json").read_text())
     meta, rows = data["meta"], data["rows"]
-    for key in ("gpu", "driver", "cuda", "torch", "triton", "cupy", "git_commit", "command", "date"):
+    for key in ("gpu", "driver", "cuda", "torch", "triton", "cupy", "git_commit", "command",
+                "date"):
         assert key in meta
     assert meta["command"].startswith("gemmlab bench")
     assert {r["epilogue"] for r in rows} == {"relu_c"}
@@ -101,7 +102,8 @@ def test_a_backend_that_raises_is_a_fail_row(monkeypatch):
     def explode(d):
         raise RuntimeError("launch failed")
     monkeypatch.setitem(backends.BACKENDS, "cublas", _broken(backends.BACKENDS["cublas"], explode))
-    rows = gb.run_sweep(["cublas", "torch_unfused"], [(8, 8, 8)], ["fp32"], torch.device("cpu"), FAST)
+    rows = gb.run_sweep(["cublas", "torch_unfused"], [(8, 8, 8)], ["fp32"], torch.device("cpu"),
+                        FAST)
     assert not rows[0]["ok"] and rows[0]["error"] == "RuntimeError: launch failed"
     assert rows[1]["ok"] and rows[1]["pct_cublas"] is None
 

@@ -9,8 +9,8 @@ import subprocess
 import pytest
 
 from backends import BACKENDS
-from backends.registry import CUDA_KERNELS
 from backends.cuda import SOURCE_DIR, CudaKernel, compile_options
+from backends.registry import CUDA_KERNELS
 
 NVCC = shutil.which("nvcc")
 

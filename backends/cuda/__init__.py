@@ -96,7 +96,8 @@ class CudaKernel:
         ldc = 0 if c is None or c.dim() == 1 else n
         args = (a.data_ptr(), b.data_ptr(), 0 if c is None else c.data_ptr(), out.data_ptr(),
                 cupy.int32(m), cupy.int32(n), cupy.int32(k), cupy.int64(ldc), cupy.int32(relu))
-        with cupy.cuda.Device(device), _stream(torch.cuda.current_stream(device).cuda_stream, device):
+        stream = _stream(torch.cuda.current_stream(device).cuda_stream, device)
+        with cupy.cuda.Device(device), stream:
             kernel(grid, self.threads, args)
         return out
 

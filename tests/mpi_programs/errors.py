@@ -1,0 +1,51 @@
+"""Run under mpiexec -n 2: every bad call raises a clear error before any rank communicates
+(so catching it on all ranks keeps the job consistent). Rank 0 prints OK and the count."""
+
+import sys
+
+import pytest
+import torch
+from mpi4py import MPI
+
+from tp.comm import create
+from tp.mpi import abort_on_exception
+
+abort_on_exception()
+world = MPI.COMM_WORLD
+checked = 0
+
+
+def expect_error(kind, match, fn):
+    global checked
+    with pytest.raises(kind, match=match):
+        fn()
+    checked += 1
+
+
+for name in ("mpi", "ring"):
+    comm = create(name, world)
+    x = torch.ones(6, 4)
+    expect_error(ValueError, "must be contiguous", lambda: comm.all_reduce(x.t()))
+    expect_error(ValueError, "multiple of the 2 ranks",
+                 lambda: comm.reduce_scatter(torch.ones(3, 2)))
+    expect_error(ValueError, "multiple of the 2 ranks", lambda: comm.all_to_all(torch.ones(5)))
+    expect_error(ValueError, "out must be a contiguous torch.float32 tensor of shape",
+                 lambda: comm.all_gather(x, out=torch.empty(6, 4)))
+    expect_error(ValueError, "out must be",
+                 lambda: comm.all_reduce(x, out=torch.empty(6, 4).double()))
+    expect_error(ValueError, "root=5 is not a valid peer", lambda: comm.broadcast(x, 5))
+    me = world.Get_rank()
+    expect_error(ValueError, f"dst={me} is not a valid peer of rank {me}", lambda: comm.send(x, me))
+    expect_error(ValueError, "stream= applies to CUDA tensors only",
+                 lambda: comm.all_reduce(x, stream=object()))
+    expect_error(TypeError, "expected a torch.Tensor, got list", lambda: comm.all_reduce([1.0]))
+    if name == "mpi":
+        expect_error(TypeError, "mpi cannot sum torch.float16", lambda: comm.all_reduce(x.half()))
+    comm.close()
+expect_error(ValueError, "unknown communicator 'gloo'; known: mpi, ring", lambda: create("gloo"))
+expect_error(ValueError, "nccl needs a CUDA device", lambda: create("nccl", world, "cpu"))
+expect_error(ValueError, "ring/nccl needs a CUDA device", lambda: create("ring/nccl", world, "cpu"))
+total = world.allreduce(checked)
+if world.Get_rank() == 0:
+    print(f"OK {total} errors raised as expected", flush=True)
+sys.exit(0)

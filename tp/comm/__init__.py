@@ -1,0 +1,62 @@
+"""One communicator interface, four implementations (see ``base.py`` for the semantics).
+
+=============  =====================================================================
+``mpi``        mpi4py's built-in collectives; CUDA tensors direct if MPI is CUDA-aware,
+               else staged through pinned host memory
+``ring/mpi``   the from-scratch ring algorithms over MPI point-to-point (host memory)
+``ring/nccl``  the same algorithms over NCCL send/recv (GPU memory, no host copies)
+``nccl``       NCCL's own collectives through ``cupy.cuda.nccl``
+=============  =====================================================================
+
+``ring`` picks ``ring/nccl`` for a CUDA device and ``ring/mpi`` otherwise.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .base import Communicator, Work
+
+BACKENDS = ("mpi", "ring", "ring/mpi", "ring/nccl", "nccl")
+
+
+def create(name: str, comm=None, device: torch.device | str = "cpu") -> Communicator:
+    """A communicator ``name`` over the ranks of mpi4py ``comm`` (default COMM_WORLD).
+
+    Collective: every rank of ``comm`` must call it with the same arguments. ``device`` is
+    where its tensors live; NCCL-based backends need a CUDA device (bind it first with
+    ``tp.mpi.bind_device``).
+
+    Raises:
+        ValueError: unknown name (the message lists the known ones), or an NCCL backend
+            asked for a CPU device.
+        RuntimeError: NCCL cannot be used on this machine (the reason is given).
+    """
+    from mpi4py import MPI
+
+    from .mpi_backend import MpiCommunicator
+    from .nccl_backend import NcclCommunicator, create_nccl_comm
+    from .ring import RingCommunicator
+    from .transport import MpiTransport, NcclTransport
+
+    comm = MPI.COMM_WORLD if comm is None else comm
+    device = torch.device(device)
+    if name == "ring":
+        name = "ring/nccl" if device.type == "cuda" else "ring/mpi"
+    if name in ("nccl", "ring/nccl") and device.type != "cuda":
+        raise ValueError(f"{name} needs a CUDA device; got {device}")
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    if name == "mpi":
+        return MpiCommunicator(comm)
+    if name == "ring/mpi":
+        return RingCommunicator(MpiTransport(comm))
+    if name == "ring/nccl":
+        return RingCommunicator(NcclTransport(create_nccl_comm(comm, device),
+                                              comm.Get_rank(), comm.Get_size()))
+    if name == "nccl":
+        return NcclCommunicator(comm, device)
+    raise ValueError(f"unknown communicator {name!r}; known: {', '.join(BACKENDS)}")
+
+
+__all__ = ["BACKENDS", "Communicator", "Work", "create"]

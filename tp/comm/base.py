@@ -1,0 +1,299 @@
+"""The communicator interface every backend implements, on torch tensors.
+
+A backend supplies the data movement on flat contiguous 1-D tensors (``_all_reduce(src,
+dst)`` and friends); this base class does everything else once: argument checks, output
+allocation, CUDA streams, host staging and asynchronous handles. Collective semantics
+follow ``torch.distributed``:
+
+- ``all_reduce(x)``: every rank gets the element-wise sum of all ranks' x.
+- ``all_gather(x)``: every rank gets the ranks' x concatenated along dim 0 (P x the rows).
+- ``reduce_scatter(x)``: x's dim 0 is cut into P equal blocks; rank r gets the sum of block r.
+- ``all_to_all(x)``: x's dim 0 is cut into P equal blocks; block j goes to rank j, and rank r's
+  output holds, at block j, what rank j sent to r.
+- ``broadcast(x, root)``: every rank's x becomes root's x (in place).
+- ``send(x, dst)`` / ``recv(x, src)``: point to point (``recv`` fills x in place).
+
+Each call takes ``stream=`` (CUDA tensors only; default the current stream) and
+``async_op=``. Synchronous calls return the result tensor, ready for use on the current
+stream. Asynchronous calls return a ``Work``; ``work.wait()`` returns the result once it is
+safe to use on the current stream.
+
+Two execution models:
+- stream-ordered (NCCL, ring over NCCL): the operation is enqueued on the stream; completion
+  is a CUDA event, so the host never blocks.
+- host-driven (MPI, ring over MPI): the host runs the algorithm. CUDA tensors are staged
+  through pinned host memory unless the backend takes device buffers (a CUDA-aware MPI).
+  Asynchronous calls run on one worker thread per communicator, in call order; a synchronous
+  collective first waits for the ones still pending (synchronous send/recv do not, so an
+  asynchronous send can overlap a receive). That needs ``MPI_THREAD_MULTIPLE``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+
+import torch
+
+
+class Work:
+    """Handle of an asynchronous operation; ``wait()`` returns its result tensor."""
+
+    def __init__(self, wait: Callable[[], torch.Tensor]):
+        self._wait = wait
+
+    def wait(self) -> torch.Tensor:
+        """Block until the result may be used on the current stream (CUDA: the current stream
+        waits on an event, the host does not block), then return it."""
+        return self._wait()
+
+
+class Communicator(ABC):
+    """A group of ranks that can run the collectives above.
+
+    Attributes:
+        name: backend name (``"mpi"``, ``"ring/mpi"``, ``"ring/nccl"``, ``"nccl"``).
+        rank, size: this rank and the number of ranks.
+        stream_ordered: True when operations are enqueued on CUDA streams (see module doc).
+        device_buffers: host-driven backends only: True when CUDA tensors are handed to the
+            transport directly instead of being staged through host memory.
+        devices: torch device types whose tensors it takes.
+        reduce_dtypes: dtypes it can sum (None: all floating and integer dtypes).
+    """
+
+    name: str
+    stream_ordered: bool = False
+    device_buffers: bool = False
+    devices: tuple[str, ...] = ("cpu", "cuda")
+    reduce_dtypes: tuple[torch.dtype, ...] | None = None
+
+    def __init__(self, rank: int, size: int):
+        self.rank, self.size = rank, size
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._pending: concurrent.futures.Future | None = None
+
+    # The data movement each backend provides: flat contiguous tensors on one device.
+    @abstractmethod
+    def _all_reduce(self, src: torch.Tensor, dst: torch.Tensor) -> None: ...
+    @abstractmethod
+    def _all_gather(self, src: torch.Tensor, dst: torch.Tensor) -> None: ...
+    @abstractmethod
+    def _reduce_scatter(self, src: torch.Tensor, dst: torch.Tensor) -> None: ...
+    @abstractmethod
+    def _all_to_all(self, src: torch.Tensor, dst: torch.Tensor) -> None: ...
+    @abstractmethod
+    def _broadcast(self, buf: torch.Tensor, root: int) -> None: ...
+    @abstractmethod
+    def _send(self, buf: torch.Tensor, dst: int) -> None: ...
+    @abstractmethod
+    def _recv(self, buf: torch.Tensor, src: int) -> None: ...
+
+    def async_unavailable_reason(self) -> str | None:
+        """Why ``async_op=True`` cannot be used here, or None. Host-driven backends run
+        asynchronous calls on a worker thread, which MPI allows only at MPI_THREAD_MULTIPLE."""
+        if self.stream_ordered:
+            return None
+        from mpi4py import MPI
+
+        if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
+            return "MPI was initialised without MPI_THREAD_MULTIPLE"
+        return None
+
+    # Public operations.
+    def all_reduce(self, tensor: torch.Tensor, *, out: torch.Tensor | None = None,
+                   stream: torch.cuda.Stream | None = None, async_op: bool = False):
+        """Sum ``tensor`` over all ranks, in place or into ``out`` (same shape and dtype).
+
+        Raises:
+            TypeError: a dtype this backend cannot sum (e.g. fp16 through native MPI).
+            ValueError: see ``_check``.
+        """
+        self._check(tensor, reduce=True)
+        out = tensor if out is None else self._check_out(out, tensor, tensor.shape)
+        return self._launch(self._all_reduce, tensor, out, stream, async_op)
+
+    def all_gather(self, tensor: torch.Tensor, *, out: torch.Tensor | None = None,
+                   stream: torch.cuda.Stream | None = None, async_op: bool = False):
+        """Concatenate every rank's ``tensor`` along dim 0: shape (P * n, ...) from (n, ...)."""
+        self._check(tensor)
+        shape = (self.size * tensor.shape[0], *tensor.shape[1:]) if tensor.dim() else (self.size,)
+        out = self._new_or_checked(out, tensor, shape)
+        return self._launch(self._all_gather, tensor, out, stream, async_op)
+
+    def reduce_scatter(self, tensor: torch.Tensor, *, out: torch.Tensor | None = None,
+                       stream: torch.cuda.Stream | None = None, async_op: bool = False):
+        """Rank r gets the sum over ranks of block r of ``tensor``: (P * n, ...) -> (n, ...).
+
+        Raises:
+            ValueError: dim 0 is not a multiple of the number of ranks.
+        """
+        self._check(tensor, reduce=True, blocks=True)
+        out = self._new_or_checked(out, tensor, (tensor.shape[0] // self.size, *tensor.shape[1:]))
+        return self._launch(self._reduce_scatter, tensor, out, stream, async_op)
+
+    def all_to_all(self, tensor: torch.Tensor, *, out: torch.Tensor | None = None,
+                   stream: torch.cuda.Stream | None = None, async_op: bool = False):
+        """Block j of dim 0 goes to rank j; block j of the result came from rank j.
+
+        Raises:
+            ValueError: dim 0 is not a multiple of the number of ranks.
+        """
+        self._check(tensor, blocks=True)
+        out = self._new_or_checked(out, tensor, tensor.shape)
+        return self._launch(self._all_to_all, tensor, out, stream, async_op)
+
+    def broadcast(self, tensor: torch.Tensor, root: int = 0, *,
+                  stream: torch.cuda.Stream | None = None, async_op: bool = False):
+        """Overwrite every rank's ``tensor`` with root's, in place."""
+        self._check(tensor)
+        self._check_peer(root, "root")
+        return self._launch(lambda _, buf: self._broadcast(buf, root), tensor, tensor,
+                            stream, async_op, reads_out=True)
+
+    def send(self, tensor: torch.Tensor, dst: int, *,
+             stream: torch.cuda.Stream | None = None, async_op: bool = False):
+        """Send ``tensor`` to rank ``dst`` (which must post a matching ``recv``)."""
+        self._check(tensor)
+        self._check_peer(dst, "dst", distinct=True)
+        return self._launch(lambda src, _: self._send(src, dst), tensor, tensor,
+                            stream, async_op, writes_out=False, collective=False)
+
+    def recv(self, tensor: torch.Tensor, src: int, *,
+             stream: torch.cuda.Stream | None = None, async_op: bool = False):
+        """Fill ``tensor`` in place with what rank ``src`` sends.
+
+        Raises:
+            RuntimeError (transport dependent): the message does not have ``tensor``'s size.
+        """
+        self._check(tensor)
+        self._check_peer(src, "src", distinct=True)
+        return self._launch(lambda _, buf: self._recv(buf, src), tensor, tensor,
+                            stream, async_op, reads_in=False, collective=False)
+
+    def close(self) -> None:
+        """Wait for pending work and stop the worker thread, if one was started."""
+        if self._pending is not None:
+            self._pending.result()
+        if self._executor is not None:
+            self._executor.shutdown()
+
+    # Checks.
+    def _check(self, tensor: torch.Tensor, *, reduce: bool = False, blocks: bool = False):
+        """Reject what would fail or silently go wrong, before any rank communicates.
+
+        Raises:
+            TypeError: not a tensor; a dtype the backend cannot sum.
+            ValueError: a device type the backend does not take; non-contiguous memory; a
+                dim 0 the number of ranks does not divide (when cut into per-rank blocks).
+        """
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"expected a torch.Tensor, got {type(tensor).__name__}")
+        if tensor.device.type not in self.devices:
+            raise ValueError(f"{self.name} takes {', '.join(self.devices)} tensors; "
+                             f"got one on {tensor.device}")
+        if not tensor.is_contiguous():
+            raise ValueError(f"{self.name}: communication buffers must be contiguous")
+        if reduce and self.reduce_dtypes is not None and tensor.dtype not in self.reduce_dtypes:
+            raise TypeError(f"{self.name} cannot sum {tensor.dtype}; it sums "
+                            f"{', '.join(str(d) for d in self.reduce_dtypes)}")
+        if blocks and (tensor.dim() == 0 or tensor.shape[0] % self.size != 0):
+            raise ValueError(f"dim 0 of shape {tuple(tensor.shape)} must be a multiple of the "
+                             f"{self.size} ranks")
+
+    def _check_peer(self, peer: int, label: str, distinct: bool = False) -> None:
+        if not 0 <= peer < self.size or (distinct and peer == self.rank):
+            raise ValueError(f"{label}={peer} is not a valid peer of rank {self.rank} "
+                             f"in a group of {self.size}")
+
+    @staticmethod
+    def _check_out(out: torch.Tensor, like: torch.Tensor, shape) -> torch.Tensor:
+        if (tuple(out.shape) != tuple(shape) or out.dtype != like.dtype
+                or out.device != like.device or not out.is_contiguous()):
+            raise ValueError(f"out must be a contiguous {like.dtype} tensor of shape "
+                             f"{tuple(shape)} on {like.device}; got {out.dtype} "
+                             f"{tuple(out.shape)} on {out.device}")
+        return out
+
+    def _new_or_checked(self, out, like, shape) -> torch.Tensor:
+        if out is None:
+            return torch.empty(shape, dtype=like.dtype, device=like.device)
+        return self._check_out(out, like, shape)
+
+    # Execution.
+    def _launch(self, op, src: torch.Tensor, dst: torch.Tensor, stream, async_op: bool,
+                reads_in: bool = True, reads_out: bool = False, writes_out: bool = True,
+                collective: bool = True):
+        """Run ``op(flat_src, flat_dst)`` under this backend's execution model.
+
+        A synchronous host-driven collective first waits for this communicator's pending
+        asynchronous work; point-to-point calls do not, so an asynchronous ``send`` can
+        overlap a synchronous ``recv``."""
+        if stream is not None and not src.is_cuda:
+            raise ValueError("stream= applies to CUDA tensors only")
+        if src.is_cuda:
+            stream = torch.cuda.current_stream(src.device) if stream is None else stream
+        flat_src, flat_dst = src.view(-1), dst.view(-1)
+        if self.stream_ordered:
+            return self._launch_on_stream(op, flat_src, flat_dst, dst, stream, async_op)
+        run = functools.partial(self._run_host, op, flat_src, flat_dst, stream,
+                                reads_in, reads_out, writes_out)
+        if not async_op:
+            if collective and self._pending is not None:
+                self._pending.result()  # collectives keep call order across ranks
+                self._pending = None
+            run()
+            return dst
+        if (why := self.async_unavailable_reason()) is not None:
+            raise RuntimeError(f"{self.name}: async_op=True is not possible here: {why}")
+        if self._executor is None:
+            self._executor = concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix=f"gemmlab-{self.name}")
+        future = self._executor.submit(run)
+        self._pending = future
+
+        def wait() -> torch.Tensor:
+            future.result()
+            return dst
+        return Work(wait)
+
+    def _launch_on_stream(self, op, flat_src, flat_dst, dst, stream, async_op):
+        current = torch.cuda.current_stream(dst.device)
+        if stream != current:
+            stream.wait_stream(current)  # the inputs were produced on the current stream
+        with torch.cuda.stream(stream):
+            op(flat_src, flat_dst)
+            done = torch.cuda.Event()
+            done.record(stream)
+        if stream != current:
+            for t in (flat_src, flat_dst):
+                t.record_stream(stream)  # the caching allocator must not reuse them too early
+
+        def wait() -> torch.Tensor:
+            torch.cuda.current_stream(dst.device).wait_event(done)
+            return dst
+        return Work(wait) if async_op else wait()
+
+    def _run_host(self, op, src, dst, stream, reads_in, reads_out, writes_out) -> None:
+        """Run a host-driven op; stage CUDA tensors through pinned memory when needed."""
+        if not src.is_cuda or self.device_buffers:
+            if src.is_cuda:
+                stream.synchronize()  # the transport reads device memory outside any stream
+            op(src, dst)
+            return
+        same = src.data_ptr() == dst.data_ptr()
+        # The device and stream are set here: this may run on the worker thread.
+        with torch.cuda.device(src.device), torch.cuda.stream(stream):
+            host_src = torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
+            if reads_in or same:
+                host_src.copy_(src, non_blocking=True)
+            host_dst = host_src if same else torch.empty(dst.shape, dtype=dst.dtype,
+                                                         pin_memory=True)
+            if reads_out and not same:
+                host_dst.copy_(dst, non_blocking=True)
+            stream.synchronize()
+            op(host_src, host_dst)
+            if writes_out:
+                dst.copy_(host_dst, non_blocking=True)
+

@@ -1,0 +1,98 @@
+"""``nccl``: NCCL's collectives through ``cupy.cuda.nccl``, bootstrapped over mpi4py.
+
+Rank 0 creates NCCL's unique id and broadcasts it over MPI; every rank then joins the NCCL
+communicator on its own GPU (``tp.mpi.bind_device``: local rank modulo device count).
+Operations are enqueued on the stream given (default: the current one). NCCL has no
+all-to-all; it is the grouped send/recv pattern from NCCL's user guide ("Point-to-point
+communication", all-to-all example). NCCL failures raise ``cupy.cuda.nccl.NcclError``
+carrying NCCL's own message.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .base import Communicator
+
+# ncclDataType_t and ncclRedOp_t values from nccl.h.
+NCCL_DTYPES = {torch.int8: 0, torch.uint8: 1, torch.int32: 2, torch.int64: 4,
+               torch.float16: 6, torch.float32: 7, torch.float64: 8, torch.bfloat16: 9}
+NCCL_SUM = 0
+
+
+def nccl_unavailable_reason() -> str | None:
+    """Why NCCL cannot be used here, or None."""
+    if not torch.cuda.is_available():
+        return "no CUDA GPU visible to torch"
+    try:
+        from cupy.cuda import nccl
+    except ImportError as exc:
+        return f"cupy.cuda.nccl is not importable ({exc})"
+    return None if nccl.available else "CuPy was built without NCCL"
+
+
+def create_nccl_comm(comm, device: torch.device):
+    """A ``cupy.cuda.nccl.NcclCommunicator`` over the ranks of mpi4py ``comm`` on ``device``.
+
+    Collective over ``comm``. Raises RuntimeError when NCCL cannot be used here.
+    """
+    if (why := nccl_unavailable_reason()) is not None:
+        raise RuntimeError(f"nccl: {why}")
+    import cupy
+    from cupy.cuda import nccl
+
+    rank, size = comm.Get_rank(), comm.Get_size()
+    unique_id = comm.bcast(nccl.get_unique_id() if rank == 0 else None, root=0)
+    with cupy.cuda.Device(device.index):
+        return nccl.NcclCommunicator(size, unique_id, rank)
+
+
+def _stream() -> int:
+    return torch.cuda.current_stream().cuda_stream
+
+
+class NcclCommunicator(Communicator):
+    """NCCL collectives on the ranks of mpi4py ``comm``, one GPU per rank."""
+
+    name = "nccl"
+    stream_ordered = True
+    devices = ("cuda",)
+    reduce_dtypes = tuple(NCCL_DTYPES)
+
+    def __init__(self, comm, device: torch.device):
+        super().__init__(comm.Get_rank(), comm.Get_size())
+        self.device = device
+        self.comm = create_nccl_comm(comm, device)
+
+    def _all_reduce(self, src, dst):
+        self.comm.allReduce(src.data_ptr(), dst.data_ptr(), src.numel(),
+                            NCCL_DTYPES[src.dtype], NCCL_SUM, _stream())
+
+    def _all_gather(self, src, dst):
+        self.comm.allGather(src.data_ptr(), dst.data_ptr(), src.numel(),
+                            NCCL_DTYPES[src.dtype], _stream())
+
+    def _reduce_scatter(self, src, dst):
+        self.comm.reduceScatter(src.data_ptr(), dst.data_ptr(), dst.numel(),
+                                NCCL_DTYPES[src.dtype], NCCL_SUM, _stream())
+
+    def _all_to_all(self, src, dst):
+        from cupy.cuda import nccl
+
+        n = src.numel() // self.size
+        dtype, step = NCCL_DTYPES[src.dtype], n * src.element_size()
+        nccl.groupStart()
+        for peer in range(self.size):
+            self.comm.send(src.data_ptr() + peer * step, n, dtype, peer, _stream())
+            self.comm.recv(dst.data_ptr() + peer * step, n, dtype, peer, _stream())
+        nccl.groupEnd()
+
+    def _broadcast(self, buf, root):
+        self.comm.broadcast(buf.data_ptr(), buf.data_ptr(), buf.numel(),
+                            NCCL_DTYPES[buf.dtype], root, _stream())
+
+    def _send(self, buf, dst):
+        self.comm.send(buf.data_ptr(), buf.numel(), NCCL_DTYPES[buf.dtype], dst, _stream())
+
+    def _recv(self, buf, src):
+        self.comm.recv(buf.data_ptr(), buf.numel(), NCCL_DTYPES[buf.dtype], src, _stream())
