@@ -30,7 +30,6 @@ def abort_on_exception(comm: MPI.Comm = MPI.COMM_WORLD) -> None:
     sys.excepthook = hook
 
 
-@functools.cache
 def local_rank(comm: MPI.Comm = MPI.COMM_WORLD) -> int:
     """This process's rank among the ranks of ``comm`` on the same node."""
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
