@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 
@@ -73,6 +74,7 @@ class Communicator(ABC):
         self.rank, self.size = rank, size
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._pending: concurrent.futures.Future | None = None
+        self._staging = threading.local()  # pinned buffers per thread (see _stage)
 
     # The data movement each backend provides: flat contiguous tensors on one device.
     @abstractmethod
@@ -285,15 +287,30 @@ class Communicator(ABC):
         same = src.data_ptr() == dst.data_ptr()
         # The device and stream are set here: this may run on the worker thread.
         with torch.cuda.device(src.device), torch.cuda.stream(stream):
-            host_src = torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
+            host_src, host_dst = self._stage(src, dst, same)
             if reads_in or same:
                 host_src.copy_(src, non_blocking=True)
-            host_dst = host_src if same else torch.empty(dst.shape, dtype=dst.dtype,
-                                                         pin_memory=True)
             if reads_out and not same:
                 host_dst.copy_(dst, non_blocking=True)
             stream.synchronize()
             op(host_src, host_dst)
             if writes_out:
                 dst.copy_(host_dst, non_blocking=True)
+                self._staging.copied_back = torch.cuda.Event()
+                self._staging.copied_back.record(stream)
 
+    def _stage(self, src, dst, same: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pinned host buffers shaped like ``src`` and ``dst``, reused from call to call by
+        this thread: allocating pinned memory takes milliseconds per call, longer than the
+        copies themselves. Waits until the previous copy back out of them has finished."""
+        local = self._staging
+        if getattr(local, "copied_back", None) is not None:
+            local.copied_back.synchronize()
+        n_src, n_dst = src.numel() * src.element_size(), dst.numel() * dst.element_size()
+        offset = -(-n_src // 64) * 64  # dst starts 64-byte aligned after src
+        need = n_src if same else offset + n_dst
+        if getattr(local, "pinned", None) is None or local.pinned.numel() < need:
+            local.pinned = torch.empty(need, dtype=torch.uint8, pin_memory=True)
+        host_src = local.pinned[:n_src].view(src.dtype)
+        host_dst = host_src if same else local.pinned[offset:offset + n_dst].view(dst.dtype)
+        return host_src, host_dst
