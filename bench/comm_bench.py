@@ -225,11 +225,13 @@ def plot(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     ops = list(dict.fromkeys(r["op"] for r in rows))
+    colors = {name: f"C{i}" for i, name in enumerate(dict.fromkeys(r["backend"] for r in rows))}
     fig, axes = plt.subplots(1, len(ops), figsize=(5.5 * len(ops), 4), squeeze=False)
     for ax, op in zip(axes[0], ops):
         for name in dict.fromkeys(r["backend"] for r in rows if r["op"] == op):
             sub = [r for r in rows if r["op"] == op and r["backend"] == name]
-            ax.plot([r["bytes"] for r in sub], [r["busbw"] for r in sub], marker=".", label=name)
+            ax.plot([r["bytes"] for r in sub], [r["busbw"] for r in sub], marker=".", label=name,
+                    color=colors[name])
         first = next(r for r in rows if r["op"] == op)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("size (bytes)")
