@@ -84,6 +84,15 @@ def check(comm, device, p, r):
                     comm.send(x, right)
                 expect(f"{tag} send/recv", got, alls[left].reshape(-1))
             checks += 5
+    if device.type == "cuda":  # a side stream, synchronous and asynchronous
+        side = torch.cuda.Stream()
+        x, _ = rank_input(r, (1001,), torch.float32, device, 0)
+        want = sum(rank_input(q, (1001,), torch.float32, "cpu", 0)[1] for q in range(p))
+        expect("all_reduce on a side stream", comm.all_reduce(x.clone(), stream=side), want)
+        if comm.async_unavailable_reason() is None:
+            work = comm.all_reduce(x.clone(), stream=side, async_op=True)
+            expect("async all_reduce on a side stream", work.wait(), want)
+        checks += 2
     return checks
 
 
