@@ -235,45 +235,38 @@ class Communicator(ABC):
         if stream is not None and not src.is_cuda:
             raise ValueError("stream= applies to CUDA tensors only")
         if src.is_cuda:
-            stream = torch.cuda.current_stream(src.device) if stream is None else stream
+            current = torch.cuda.current_stream(src.device)
+            stream = current if stream is None else stream
+            if stream != current:
+                stream.wait_stream(current)  # the inputs were produced on the current stream
+                for t in (src, dst):
+                    t.record_stream(stream)  # the allocator must not reuse them meanwhile
         flat_src, flat_dst = src.view(-1), dst.view(-1)
+        future = None
         if self.stream_ordered:
-            return self._launch_on_stream(op, flat_src, flat_dst, dst, stream, async_op)
-        run = functools.partial(self._run_host, op, flat_src, flat_dst, stream,
-                                reads_in, reads_out, writes_out)
-        if not async_op:
-            if collective and self._pending is not None:
-                self._pending.result()  # collectives keep call order across ranks
-                self._pending = None
-            run()
-            return dst
-        if (why := self.async_unavailable_reason()) is not None:
-            raise RuntimeError(f"{self.name}: async_op=True is not possible here: {why}")
-        if self._executor is None:
-            self._executor = concurrent.futures.ThreadPoolExecutor(
-                max_workers=1, thread_name_prefix=f"gemmlab-{self.name}")
-        future = self._executor.submit(run)
-        self._pending = future
+            with torch.cuda.stream(stream):
+                op(flat_src, flat_dst)
+        else:
+            run = functools.partial(self._run_host, op, flat_src, flat_dst, stream,
+                                    reads_in, reads_out, writes_out)
+            if not async_op:
+                if collective and self._pending is not None:
+                    self._pending.result()  # collectives keep call order across ranks
+                    self._pending = None
+                run()
+            else:
+                if (why := self.async_unavailable_reason()) is not None:
+                    raise RuntimeError(f"{self.name}: async_op=True is not possible here: {why}")
+                if self._executor is None:
+                    self._executor = concurrent.futures.ThreadPoolExecutor(
+                        max_workers=1, thread_name_prefix=f"gemmlab-{self.name}")
+                future = self._pending = self._executor.submit(run)
 
         def wait() -> torch.Tensor:
-            future.result()
-            return dst
-        return Work(wait)
-
-    def _launch_on_stream(self, op, flat_src, flat_dst, dst, stream, async_op):
-        current = torch.cuda.current_stream(dst.device)
-        if stream != current:
-            stream.wait_stream(current)  # the inputs were produced on the current stream
-        with torch.cuda.stream(stream):
-            op(flat_src, flat_dst)
-            done = torch.cuda.Event()
-            done.record(stream)
-        if stream != current:
-            for t in (flat_src, flat_dst):
-                t.record_stream(stream)  # the caching allocator must not reuse them too early
-
-        def wait() -> torch.Tensor:
-            torch.cuda.current_stream(dst.device).wait_event(done)
+            if future is not None:
+                future.result()
+            if dst.is_cuda and stream != torch.cuda.current_stream(dst.device):
+                torch.cuda.current_stream(dst.device).wait_stream(stream)
             return dst
         return Work(wait) if async_op else wait()
 
