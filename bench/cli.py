@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
+from pathlib import Path
 
 import torch
 from rich.console import Console
@@ -167,6 +169,143 @@ def cmd_comm(args: argparse.Namespace, console: Console) -> int:
     return 1 if wrong else 0
 
 
+def _mpi_setup(args, console):
+    """Abort-on-exception, the device (bound GPU or CPU), and a printer for rank 0 only."""
+    from mpi4py import MPI
+
+    from tp.mpi import abort_on_exception, bind_device
+
+    abort_on_exception()
+    world = MPI.COMM_WORLD
+    device_type = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device_type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda but no CUDA GPU is visible")
+    device = bind_device(world) if device_type == "cuda" else torch.device("cpu")
+    say = console.print if world.Get_rank() == 0 else (lambda *a, **k: None)
+    return world, device, say
+
+
+def cmd_tp(args: argparse.Namespace, console: Console) -> int:
+    """Run under ``mpiexec -n P``: every rank is one TP rank of the layers."""
+    from mpi4py import MPI
+
+    import tp.comm
+
+    from . import tp_bench
+    from .results import collect_meta, write_results
+
+    world, device, say = _mpi_setup(args, console)
+    comm_name = args.comm or ("nccl" if device.type == "cuda" else "mpi")
+    comm = tp.comm.create(comm_name, world, device)
+    self_comm = tp.comm.create("mpi", MPI.COMM_SELF, device)
+    say(f"gemmlab tp: TP={world.Get_size()}, {device.type}, {args.dtype}, backend {args.backend}, "
+        f"{comm.name}; M={args.tokens} tokens, hidden {args.hidden}, ratio {args.ratio}")
+    rows = tp_bench.run(world, comm, self_comm, device, args.dtype, args.tokens, args.hidden,
+                        args.ratio, args.backend, args.chunks, args.iters, args.warmup)
+    timed = Table(title="TP layers against the dense layers")
+    for col in ("layer", "phase", "TP", "M", "N", "K", "dtype", "ms", "max rel err", "check"):
+        timed.add_column(col, justify="left" if col in ("layer", "phase", "check") else "right")
+    for r in rows:
+        if "ms" in r:
+            timed.add_row(r["layer"], r["phase"], str(r["tp"]), str(r["M"]), str(r["N"]),
+                          str(r["K"]), r["dtype"], f"{r['ms']:.3f}",
+                          "-" if r["max_rel_err"] is None else f"{r['max_rel_err']:.1e}",
+                          "PASS" if r["ok"] else "FAIL")
+    say(timed)
+    lapped = Table(title="compute/communication overlap (ms)")
+    for col in ("layer", "phase", "compute", "comm", "serial", "overlapped", "efficiency"):
+        lapped.add_column(col, justify="left" if col in ("layer", "phase") else "right")
+    for r in rows:
+        if "overlap_efficiency" in r:
+            lapped.add_row(r["layer"], r["phase"], f"{r['compute_ms']:.3f}",
+                           f"{r['comm_ms']:.3f}", f"{r['serial_ms']:.3f}",
+                           f"{r['overlapped_ms']:.3f}", f"{r['overlap_efficiency']:.0%}")
+    say(lapped)
+    if world.Get_rank() == 0 and args.out:
+        for path in write_results(args.out, collect_meta(), rows, tp_bench.plot):
+            say(f"wrote {path}")
+    failed = [r for r in rows if not r.get("ok", True)]
+    say(f"{len(rows)} rows, {len(failed)} failed the check against the dense layers")
+    return 1 if failed else 0
+
+
+def cmd_train(args: argparse.Namespace, console: Console) -> int:
+    """``gemmlab train`` (one process) or ``mpiexec -n P gemmlab train --tp T --dp D``."""
+    import json
+    import statistics
+
+    import tp.comm
+    from tp.grid import ProcessGrid
+    from tp.train import train
+    from tp.transformer import GPTConfig
+
+    from .results import collect_meta, write_results
+
+    world, device, say = _mpi_setup(args, console)
+    size = world.Get_size()
+    dp = args.dp or size // max(args.tp, 1)
+    if args.tp < 1 or args.tp * dp != size:
+        say(f"error: --tp {args.tp} x --dp {dp} must equal the {size} ranks")
+        return 2
+    grid = ProcessGrid.create(args.tp, world)
+    comm_name = args.comm or ("nccl" if device.type == "cuda" else "mpi")
+    tp_comm = tp.comm.create(comm_name, grid.tp_comm, device)
+    dp_comm = tp.comm.create(comm_name, grid.dp_comm, device)
+    config = GPTConfig(seq_len=args.seq, hidden=args.hidden, heads=args.heads, layers=args.layers)
+    label = f"DP {dp} x TP {args.tp}"
+    say(f"gemmlab train: {label}, {device.type}, {args.dtype}, backend {args.backend}, "
+        f"{tp_comm.name}; {config}")
+    every = max(1, args.steps // 10)
+
+    def log(step, loss, ms):
+        if step % every == 0 or step == args.steps - 1:
+            say(f"step {step:5d}  loss {loss:.4f}  {ms:8.1f} ms")
+
+    result = train(config, tp_comm, dp_comm, steps=args.steps, batch=args.batch, lr=args.lr,
+                   seed=args.seed, device=device, dtype={"fp32": torch.float32,
+                                                         "bf16": torch.bfloat16}[args.dtype],
+                   backend=args.backend, overlap=not args.no_overlap, log=log)
+    timed = result.step_ms[1:] or result.step_ms  # the first step includes compilation
+    summary = {"configuration": label, "tp": args.tp, "dp": dp, "device": device.type,
+               "dtype": args.dtype, "backend": args.backend, "comm": tp_comm.name,
+               "steps": args.steps, "ms_per_step": statistics.median(timed),
+               "tokens_per_s": args.batch * args.seq / (statistics.median(timed) / 1e3),
+               "final_loss": result.loss[-1]}
+    runs = [summary]
+    reference = None
+    if args.reference:
+        reference = json.loads(Path(args.reference).read_text())
+        runs.append(reference["summary"])
+        diff = max(abs(a - b) for a, b in zip(result.loss, reference["loss"]))
+        summary["max_loss_diff_vs_reference"] = diff
+    table = Table(title="run time per configuration")
+    for col in ("configuration", "device", "dtype", "backend", "comm", "steps", "ms/step",
+                "tokens/s", "final loss"):
+        table.add_column(col, justify="left" if col in ("configuration", "device", "dtype",
+                                                        "backend", "comm") else "right")
+    for run in runs:
+        table.add_row(run["configuration"], run["device"], run["dtype"], run["backend"],
+                      run["comm"], str(run["steps"]), f"{run['ms_per_step']:.1f}",
+                      f"{run['tokens_per_s']:.0f}", f"{run['final_loss']:.4f}")
+    say(table)
+    if reference is not None:
+        say(f"largest |loss - reference loss| over {len(reference['loss'])} steps: "
+            f"{summary['max_loss_diff_vs_reference']:.2e}")
+    if world.Get_rank() == 0 and args.out:
+        from .train_plot import plot_loss
+
+        rows = [{"step": i, "loss": loss, "ms": ms}
+                for i, (loss, ms) in enumerate(zip(result.loss, result.step_ms))]
+        extra = {"loss": result.loss, "summary": summary}
+        if reference is not None:
+            extra["reference"] = {"configuration": reference["summary"]["configuration"],
+                                  "loss": reference["loss"]}
+        plot = functools.partial(plot_loss, label=label, reference=extra.get("reference"))
+        for path in write_results(args.out, collect_meta(), rows, plot, **extra):
+            say(f"wrote {path}")
+    return 0
+
+
 def cmd_info(args: argparse.Namespace, console: Console) -> int:
     _prepare_backends(console)
     import backends
@@ -228,6 +367,43 @@ def build_parser() -> argparse.ArgumentParser:
                       help="where the buffers live (default: cuda when a GPU is visible)")
     comm.add_argument("--out", help="directory for results.json, results.csv, results.png")
     comm.set_defaults(func=cmd_comm)
+
+    tpp = sub.add_parser("tp", help="check and time the TP layers, with the overlap report "
+                         "(start with mpiexec -n P gemmlab tp ...)")
+    tpp.add_argument("--tokens", type=int, default=1024, help="rows M of the activations")
+    tpp.add_argument("--hidden", type=int, default=512, help="model width")
+    tpp.add_argument("--ratio", type=float, default=4, help="MLP expansion: fc1 is hidden -> "
+                     "ratio * hidden")
+    tpp.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default="fp32")
+    tpp.add_argument("--backend", default="cublas", help="backends.gemm backend")
+    tpp.add_argument("--comm", help="mpi, ring or nccl (default nccl on GPUs, mpi on CPUs)")
+    tpp.add_argument("--chunks", type=int, default=4, help="row chunks of the row-parallel GEMM")
+    tpp.add_argument("--iters", type=int, default=10)
+    tpp.add_argument("--warmup", type=int, default=3)
+    tpp.add_argument("--device", choices=("cpu", "cuda"))
+    tpp.add_argument("--out", help="directory for results.json, results.csv, results.png")
+    tpp.set_defaults(func=cmd_tp)
+
+    tr = sub.add_parser("train", help="train a small GPT with DP x TP "
+                        "(mpiexec -n P gemmlab train --tp T --dp D)")
+    tr.add_argument("--tp", type=int, default=1, help="TP size")
+    tr.add_argument("--dp", type=int, help="DP size (default: ranks / TP)")
+    tr.add_argument("--steps", type=int, default=50)
+    tr.add_argument("--seed", type=int, default=0)
+    tr.add_argument("--batch", type=int, default=16, help="global batch (sequences)")
+    tr.add_argument("--seq", type=int, default=64, help="sequence length (bytes)")
+    tr.add_argument("--hidden", type=int, default=128)
+    tr.add_argument("--heads", type=int, default=4)
+    tr.add_argument("--layers", type=int, default=2)
+    tr.add_argument("--lr", type=float, default=3e-3)
+    tr.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
+    tr.add_argument("--backend", default="cublas", help="backends.gemm backend of the TP layers")
+    tr.add_argument("--comm", help="mpi, ring or nccl (default nccl on GPUs, mpi on CPUs)")
+    tr.add_argument("--no-overlap", action="store_true", help="no compute/communication overlap")
+    tr.add_argument("--device", choices=("cpu", "cuda"))
+    tr.add_argument("--reference", help="results.json of another run to compare the loss with")
+    tr.add_argument("--out", help="directory for results.json (with a loss list), .csv, .png")
+    tr.set_defaults(func=cmd_train)
 
     info = sub.add_parser("info", help="which backends run on this machine, and why not")
     info.set_defaults(func=cmd_info)

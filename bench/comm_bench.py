@@ -23,6 +23,8 @@ import torch
 
 from tp.comm.nccl_backend import NCCL_DTYPES, NCCL_SUM
 
+from .timing import seconds_per_call
+
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
           "bfloat16": torch.bfloat16, "int32": torch.int32, "int64": torch.int64}
 
@@ -186,35 +188,13 @@ def measure(comm, op: str, nbytes: int, dtype: torch.dtype, device: torch.device
     del expected
     for _ in range(warmup):
         call()
-    seconds = _time(call, iters, device, world)
-    seconds = world.allreduce(seconds, op=MPI.MAX)  # the slowest rank sets the pace
+    seconds = seconds_per_call(call, iters, device, world)
     size = count * dtype.itemsize
     algbw = size / seconds / 1e9
     return {"backend": comm.name, "op": op, "dtype": str(dtype).replace("torch.", ""),
             "device": device.type, "ranks": p, "bytes": size, "count": count,
             "time_us": seconds * 1e6, "algbw": algbw, "busbw": algbw * spec.factor(p),
             "wrong": wrong}
-
-
-def _time(call, iters: int, device: torch.device, world) -> float:
-    """Mean seconds per call over ``iters`` back-to-back calls, all ranks starting together."""
-    from mpi4py import MPI
-
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        world.Barrier()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters):
-            call()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / 1e3 / iters
-    world.Barrier()
-    t0 = MPI.Wtime()
-    for _ in range(iters):
-        call()
-    return (MPI.Wtime() - t0) / iters
 
 
 def plot(rows: list[dict], path: Path) -> None:

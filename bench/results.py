@@ -74,12 +74,13 @@ def collect_meta() -> dict:
 
 
 def write_results(out_dir: str | Path, meta: dict, rows: list[dict],
-                  plot: Callable[[list[dict], Path], None]) -> list[Path]:
-    """Write ``results.json``, ``results.csv`` and ``results.png`` (drawn by ``plot``)."""
+                  plot: Callable[[list[dict], Path], None], **extra) -> list[Path]:
+    """Write ``results.json`` (``meta``, ``rows`` and any ``extra`` top-level fields),
+    ``results.csv`` (the rows) and ``results.png`` (drawn by ``plot``)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / "results.json", out / "results.csv", out / "results.png"]
-    paths[0].write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+    paths[0].write_text(json.dumps({"meta": meta, "rows": rows, **extra}, indent=1) + "\n")
     with paths[1].open("w", newline="") as f:
         fields = list(dict.fromkeys(key for row in rows for key in row))
         writer = csv.DictWriter(f, fieldnames=fields)

@@ -1,5 +1,7 @@
-"""Median wall time of a callable: CUDA events through ``triton.testing.do_bench`` on a GPU
-(warm-up, L2 flushed before every repeat), ``torch.utils.benchmark`` on the CPU."""
+"""Timing helpers. ``time_ms``: the median time of one call on one device (CUDA events
+through ``triton.testing.do_bench`` with warm-up and the L2 flushed before every repeat;
+``torch.utils.benchmark`` on the CPU). ``seconds_per_call``: the mean over back-to-back calls
+on every rank of an MPI job, as nccl-tests times collectives."""
 
 from __future__ import annotations
 
@@ -29,3 +31,29 @@ def time_ms(fn: Callable[[], object], device: torch.device, *, warmup_ms: float 
         return statistics.median(times)
     timer = benchmark.Timer(stmt="fn()", globals={"fn": fn})
     return timer.blocked_autorange(min_run_time=rep_ms / 1e3).median * 1e3
+
+
+def seconds_per_call(fn: Callable[[], object], iters: int, device: torch.device, world) -> float:
+    """Mean seconds per ``fn()`` over ``iters`` back-to-back calls, all ranks of mpi4py
+    ``world`` starting together (a barrier), reported as the slowest rank's time (the job
+    runs at the pace of its slowest rank). CUDA events time GPU work; ``MPI.Wtime`` the CPU.
+    Collective over ``world``; call ``fn`` enough beforehand to warm it up."""
+    from mpi4py import MPI
+
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        world.Barrier()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            fn()
+        end.record()
+        end.synchronize()
+        seconds = start.elapsed_time(end) / 1e3 / iters
+    else:
+        world.Barrier()
+        t0 = MPI.Wtime()
+        for _ in range(iters):
+            fn()
+        seconds = (MPI.Wtime() - t0) / iters
+    return world.allreduce(seconds, op=MPI.MAX)

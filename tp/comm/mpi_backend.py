@@ -22,7 +22,7 @@ _MPI_TYPES = {torch.float32: MPI.FLOAT, torch.float64: MPI.DOUBLE,
 
 
 def _typed(t: torch.Tensor):
-    return [t if t.is_cuda else t.numpy(), _MPI_TYPES[t.dtype]]
+    return [t if t.is_cuda else t.detach().numpy(), _MPI_TYPES[t.dtype]]
 
 
 class MpiCommunicator(Communicator):

@@ -90,7 +90,7 @@ def _bytes(t: torch.Tensor):
     """The tensor's memory as an mpi4py byte message (numpy view on the host)."""
     from mpi4py import MPI
 
-    raw = t.view(torch.uint8)
+    raw = t.detach().view(torch.uint8)
     return [raw if raw.is_cuda else raw.numpy(), MPI.BYTE]
 
 

@@ -1,0 +1,77 @@
+"""Tensor-parallel layers, the transformer layer, ``gemmlab tp`` and ``gemmlab train`` on CPU
+ranks, every program under ``mpiexec`` with a timeout."""
+
+import json
+import re
+
+import pytest
+from test_comm import PROGRAMS, mpirun, needs_mpi
+
+pytestmark = needs_mpi
+
+
+@pytest.mark.parametrize("ranks,comm", [(2, "mpi"), (4, "mpi"), (2, "ring")])
+def test_layers_match_the_dense_layers(ranks, comm):
+    result = mpirun(ranks, str(PROGRAMS / "layers.py"), "--comm", comm)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for line in ("column-parallel activation=None", "column-parallel activation=relu",
+                 "row-parallel", "divisibility errors"):
+        assert f"OK {line} on {ranks} ranks" in result.stdout
+
+
+def test_transformer_layer_tp2_matches_tp1():
+    result = mpirun(2, str(PROGRAMS / "transformer.py"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "OK transformer layer TP=2 matches TP=1" in result.stdout
+
+
+def test_gemmlab_tp_on_cpu(tmp_path):
+    result = mpirun(2, "-m", "bench.cli", "tp", "--device", "cpu", "--tokens", "96",
+                    "--hidden", "32", "--iters", "2", "--warmup", "1", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    timed = [r for r in rows if "ms" in r]
+    assert {(r["layer"], r["phase"], r["tp"]) for r in timed} == {
+        ("column", "forward", 2), ("column", "backward", 2), ("row", "forward", 2),
+        ("row", "backward", 2), ("mlp", "forward+backward", 2), ("mlp", "forward+backward", 1)}
+    for r in timed:
+        assert r["ok"] and r["ms"] > 0
+        assert r["max_rel_err"] is None or r["max_rel_err"] <= 1e-5
+    lapped = [r for r in rows if "overlap_efficiency" in r]
+    assert {(r["layer"], r["phase"]) for r in lapped} == {("row", "forward"),
+                                                          ("column", "backward")}
+    for r in lapped:
+        assert r["overlap_efficiency"] == pytest.approx(
+            (r["serial_ms"] - r["overlapped_ms"]) / min(r["compute_ms"], r["comm_ms"]))
+
+
+def _train(tmp_path, name, ranks, *args):
+    out = tmp_path / name
+    result = mpirun(ranks, "-m", "bench.cli", "train", "--device", "cpu", "--steps", "4",
+                    "--hidden", "64", "--heads", "4", "--seq", "32", "--batch", "8",
+                    "--out", str(out), *args)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return json.loads((out / "results.json").read_text()), result.stdout
+
+
+def test_training_follows_the_single_process_curve_with_any_layout(tmp_path):
+    single, _ = _train(tmp_path, "single", 1)
+    assert len(single["loss"]) == 4 and single["loss"][-1] < single["loss"][0]
+    assert single["summary"]["configuration"] == "DP 1 x TP 1"
+    reference = str(tmp_path / "single" / "results.json")
+    for ranks, tp, label in ((2, 2, "DP 1 x TP 2"), (2, 1, "DP 2 x TP 1"), (4, 2, "DP 2 x TP 2")):
+        run, stdout = _train(tmp_path, f"tp{tp}x{ranks}", ranks, "--tp", str(tp),
+                             "--reference", reference)
+        assert run["summary"]["configuration"] == label
+        assert max(abs(a - b) for a, b in zip(run["loss"], single["loss"])) < 1e-4
+        assert re.search(r"largest \|loss - reference loss\| over 4 steps", stdout)
+
+
+def test_train_rejects_a_layout_that_does_not_fit(tmp_path):
+    result = mpirun(2, "-m", "bench.cli", "train", "--device", "cpu", "--tp", "1", "--dp", "3")
+    assert result.returncode == 2
+    assert "--tp 1 x --dp 3 must equal the 2 ranks" in result.stdout
+    result = mpirun(2, "-m", "bench.cli", "train", "--device", "cpu", "--tp", "1",
+                    "--batch", "5", "--steps", "1")
+    assert result.returncode != 0
+    assert "global batch 5 is not a multiple of the DP size 2" in result.stderr

@@ -1,0 +1,211 @@
+"""Column- and row-parallel linear layers (Megatron-LM, Shoeybi et al. 2019,
+arXiv:1909.08053, sec. 3; structure after huggingface/picotron ``tensor_parallel``).
+
+With P TP ranks and Y = X W + b (W of shape (in, out), the transpose of ``nn.Linear``'s):
+
+- ``ColumnParallelLinear``: W = [W_1 ... W_P] split by columns; rank r computes
+  Y_r = act(X W_r + b_r) from the full X. Forward needs no communication (Megatron's f is the
+  identity); backward all-reduces dX = sum_r dY_r W_r^T (f's backward). With ``overlap``
+  that all-reduce runs on a communication stream while dW = X^T dY_r is computed, the order
+  Megatron-LM uses. ``gather_output`` all-gathers Y along the last dimension.
+- ``RowParallelLinear``: W = [W_1; ...; W_P] split by rows, X split by columns; rank r computes
+  X_r W_r and the partial products are summed by an all-reduce (Megatron's g), then the bias
+  is added once. With ``overlap`` the rows of X are processed in ``chunks``: the all-reduce of
+  chunk i runs while the GEMM of chunk i+1 computes. The chunking is the same with overlap
+  off, so both give identical results.
+
+The local GEMMs go through ``backends.gemm`` (the backend is a constructor argument; a
+column-parallel layer with ``activation="relu"`` uses the fused bias + ReLU epilogue). Both
+layers cut their shard from one full master ``nn.Linear`` (given, or created from torch's
+global RNG, identically on every rank), so a TP layer can be compared with the dense layer.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from backends import gemm
+
+from .comm.ring import chunk_bounds
+from .functional import comm_stream, gather_from_tp, scatter_to_tp
+
+
+def _async_all_reduce(x: torch.Tensor, comm):
+    """Start an all-reduce of ``x`` in place, on the communication stream for CUDA tensors."""
+    stream = comm_stream(x.device) if x.is_cuda else None
+    return comm.all_reduce(x, stream=stream, async_op=True)
+
+
+class _TPLinear(nn.Module):
+    """What both layers share: the shard, its checks, and the communication switches."""
+
+    def __init__(self, in_features, out_features, comm, split: str, bias, backend, overlap,
+                 master, device, dtype):
+        super().__init__()
+        p = comm.size
+        split_dim = out_features if split == "columns" else in_features
+        if split_dim % p:
+            raise ValueError(f"{type(self).__name__}: {'out' if split == 'columns' else 'in'}"
+                             f"_features={split_dim} is not a multiple of the TP size {p}")
+        if overlap and p > 1 and (why := comm.async_unavailable_reason()) is not None:
+            raise ValueError(f"overlap needs asynchronous communication: {why}")
+        if master is None:
+            master = nn.Linear(in_features, out_features, bias=bias)
+        elif (master.in_features, master.out_features) != (in_features, out_features):
+            raise ValueError(f"master is {master.in_features} -> {master.out_features}; "
+                             f"expected {in_features} -> {out_features}")
+        full = master.weight.detach().t()  # (in, out)
+        n = split_dim // p
+        shard = full[:, comm.rank * n:(comm.rank + 1) * n] if split == "columns" \
+            else full[comm.rank * n:(comm.rank + 1) * n]
+        self.weight = nn.Parameter(shard.to(device=device, dtype=dtype).contiguous())
+        self.bias = None
+        if bias:
+            b = master.bias.detach()
+            b = b[comm.rank * n:(comm.rank + 1) * n] if split == "columns" else b
+            self.bias = nn.Parameter(b.to(device=device, dtype=dtype).contiguous())
+        self.in_features, self.out_features = in_features, out_features
+        self.comm, self.backend, self.overlap = comm, backend, overlap
+
+
+class ColumnParallelLinear(_TPLinear):
+    """Y = act(X W + b), W split by output columns over the TP group.
+
+    Args:
+        in_features, out_features: the dense layer's sizes; ``out_features`` must be a
+            multiple of the TP size.
+        comm: the TP group's ``tp.comm.Communicator``.
+        bias: learn a bias (split with the columns).
+        activation: None or ``"relu"`` (fused into the GEMM's epilogue).
+        gather_output: all-gather Y to (..., out_features); otherwise each rank returns its
+            (..., out_features / P) block.
+        backend: ``backends.gemm`` backend of the local GEMMs.
+        overlap: overlap the backward all-reduce of dX with the dW GEMM.
+        master: the dense ``nn.Linear`` to cut from (default: a new one).
+        device, dtype: of the shard.
+
+    Input (..., in_features), replicated on every TP rank.
+
+    Raises:
+        ValueError: ``out_features`` not a multiple of the TP size; an unknown activation;
+            ``overlap`` without asynchronous communication; a master of other sizes.
+    """
+
+    def __init__(self, in_features: int, out_features: int, comm, *, bias: bool = True,
+                 activation: str | None = None, gather_output: bool = False,
+                 backend: str = "cublas", overlap: bool = True, master: nn.Linear | None = None,
+                 device=None, dtype=None):
+        if activation not in (None, "relu"):
+            raise ValueError(f"activation must be None or 'relu'; got {activation!r}")
+        super().__init__(in_features, out_features, comm, "columns", bias, backend, overlap,
+                         master, device, dtype)
+        self.activation, self.gather_output = activation, gather_output
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = _ColumnParallel.apply(x.reshape(-1, self.in_features), self.weight, self.bias, self)
+        y = y.view(*x.shape[:-1], y.shape[-1])
+        return gather_from_tp(y, self.comm) if self.gather_output else y
+
+
+class RowParallelLinear(_TPLinear):
+    """Y = X W + b, W split by input rows over the TP group, partial products all-reduced.
+
+    Args:
+        in_features, out_features: the dense layer's sizes; ``in_features`` must be a
+            multiple of the TP size.
+        comm: the TP group's ``tp.comm.Communicator``.
+        bias: learn a bias (replicated; added once, after the all-reduce).
+        input_is_parallel: the input is already this rank's (..., in_features / P) block (as
+            a column-parallel layer produces); otherwise the full input is sliced here.
+        backend: ``backends.gemm`` backend of the local GEMMs.
+        overlap: overlap each chunk's all-reduce with the next chunk's GEMM.
+        chunks: row chunks of the forward GEMM (the same with overlap on or off).
+        master, device, dtype: as for ``ColumnParallelLinear``.
+
+    Raises:
+        ValueError: ``in_features`` not a multiple of the TP size; ``chunks`` < 1; ``overlap``
+            without asynchronous communication; a master of other sizes.
+    """
+
+    def __init__(self, in_features: int, out_features: int, comm, *, bias: bool = True,
+                 input_is_parallel: bool = True, backend: str = "cublas", overlap: bool = True,
+                 chunks: int = 4, master: nn.Linear | None = None, device=None, dtype=None):
+        if chunks < 1:
+            raise ValueError(f"chunks must be >= 1; got {chunks}")
+        super().__init__(in_features, out_features, comm, "rows", bias, backend, overlap,
+                         master, device, dtype)
+        self.input_is_parallel, self.chunks = input_is_parallel, chunks
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.input_is_parallel:
+            x = scatter_to_tp(x, self.comm)
+        y = _RowParallel.apply(x.reshape(-1, self.weight.shape[0]), self.weight, self)
+        y = y.view(*x.shape[:-1], self.out_features)
+        return y if self.bias is None else y + self.bias
+
+
+class _ColumnParallel(torch.autograd.Function):
+    """f fused with the column GEMM: Y_r = act(X W_r + b_r); dX all-reduced in backward."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, layer):
+        y = gemm(x, weight, bias, activation=layer.activation, backend=layer.backend)
+        ctx.layer = layer
+        ctx.has_bias = bias is not None
+        ctx.save_for_backward(x, weight, y if layer.activation == "relu" else None)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        x, weight, y = ctx.saved_tensors
+        layer = ctx.layer
+        if y is not None:  # through the fused ReLU: its output says where it passed
+            grad_y = grad_y.masked_fill(y <= 0, 0)
+        grad_y = grad_y.contiguous()
+        grad_x = gemm(grad_y, weight.t(), backend=layer.backend)
+        work = None
+        if layer.comm.size > 1:
+            if layer.overlap:
+                work = _async_all_reduce(grad_x, layer.comm)
+            else:
+                layer.comm.all_reduce(grad_x)
+        grad_w = gemm(x.t(), grad_y, backend=layer.backend)  # overlaps the all-reduce
+        grad_b = grad_y.sum(0) if ctx.has_bias else None
+        if work is not None:
+            grad_x = work.wait()
+        return grad_x, grad_w, grad_b, None
+
+
+class _RowParallel(torch.autograd.Function):
+    """The row GEMM fused with g: Y = sum_r X_r W_r, chunk by chunk; identity backward."""
+
+    @staticmethod
+    def forward(ctx, x, weight, layer):
+        out = torch.empty(x.shape[0], weight.shape[1], dtype=x.dtype, device=x.device)
+        bounds = chunk_bounds(x.shape[0], layer.chunks)
+        pending = []
+        for i in range(layer.chunks):
+            rows = slice(bounds[i], bounds[i + 1])
+            if bounds[i] == bounds[i + 1]:
+                continue
+            gemm(x[rows], weight, backend=layer.backend, out=out[rows])
+            if layer.comm.size == 1:
+                continue
+            if layer.overlap:  # runs while the next chunk's GEMM computes
+                pending.append(_async_all_reduce(out[rows], layer.comm))
+            else:
+                layer.comm.all_reduce(out[rows])
+        for work in pending:
+            work.wait()
+        ctx.layer = layer
+        ctx.save_for_backward(x, weight)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        x, weight = ctx.saved_tensors
+        grad_y = grad_y.contiguous()
+        grad_x = gemm(grad_y, weight.t(), backend=ctx.layer.backend)
+        grad_w = gemm(x.t(), grad_y, backend=ctx.layer.backend)
+        return grad_x, grad_w, None

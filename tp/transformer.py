@@ -1,0 +1,112 @@
+"""A GPT-style decoder built from the tensor-parallel layers (Megatron-LM's partitioning,
+Shoeybi et al. 2019, arXiv:1909.08053, fig. 3).
+
+Per layer, pre-LayerNorm: x + attention(LN(x)), then x + MLP(LN(x)).
+
+- attention: ``fc_q``, ``fc_k``, ``fc_v`` column-parallel, so each TP rank owns heads / P whole
+  heads and runs causal scaled-dot-product attention on them alone; ``fc_o`` row-parallel
+  (``input_is_parallel``), whose all-reduce brings the heads back together.
+- MLP: ``fc1`` column-parallel with the fused bias + ReLU epilogue, ``fc2`` row-parallel.
+- LayerNorms, embeddings and the LM head are replicated on every TP rank.
+
+Every weight is cut from one dense master built from ``seed`` in the same order on every
+rank, so models with any TP degree start from the same function and, trained on the same
+data, follow the same loss curve up to float rounding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .layers import ColumnParallelLinear, RowParallelLinear
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """Sizes of the model. ``vocab`` 256: byte-level tokens."""
+
+    vocab: int = 256
+    seq_len: int = 64
+    hidden: int = 128
+    heads: int = 4
+    layers: int = 2
+    mlp_ratio: int = 4
+
+
+class TransformerLayer(nn.Module):
+    """One pre-LN decoder layer, tensor-parallel over ``comm``; input and output (B, T, hidden).
+
+    Raises:
+        ValueError: ``heads`` not a multiple of the TP size, or ``hidden`` not a multiple of
+            ``heads``.
+    """
+
+    def __init__(self, hidden: int, heads: int, comm, *, mlp_ratio: int = 4,
+                 backend: str = "cublas", overlap: bool = True, device=None, dtype=None):
+        super().__init__()
+        if heads % comm.size or hidden % heads:
+            raise ValueError(f"heads={heads} must be a multiple of the TP size {comm.size} and "
+                             f"divide hidden={hidden}")
+        common = {"backend": backend, "overlap": overlap, "device": device, "dtype": dtype}
+        self.local_heads, self.head_dim = heads // comm.size, hidden // heads
+        self.ln1 = nn.LayerNorm(hidden, device=device, dtype=dtype)
+        self.fc_q, self.fc_k, self.fc_v = (
+            ColumnParallelLinear(hidden, hidden, comm, master=nn.Linear(hidden, hidden), **common)
+            for _ in range(3))
+        self.fc_o = RowParallelLinear(hidden, hidden, comm, master=nn.Linear(hidden, hidden),
+                                      **common)
+        self.ln2 = nn.LayerNorm(hidden, device=device, dtype=dtype)
+        inner = mlp_ratio * hidden
+        self.fc1 = ColumnParallelLinear(hidden, inner, comm, activation="relu",
+                                        master=nn.Linear(hidden, inner), **common)
+        self.fc2 = RowParallelLinear(inner, hidden, comm, master=nn.Linear(inner, hidden),
+                                     **common)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        h = self.ln1(x)
+        q, k, v = (fc(h).view(b, t, self.local_heads, self.head_dim).transpose(1, 2)
+                   for fc in (self.fc_q, self.fc_k, self.fc_v))
+        attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.fc_o(attn.transpose(1, 2).reshape(b, t, self.local_heads * self.head_dim))
+        return x + self.fc2(self.fc1(self.ln2(x)))
+
+
+class GPT(nn.Module):
+    """Byte-level GPT: embeddings, ``layers`` tensor-parallel layers, LayerNorm, LM head.
+
+    ``forward(idx)`` maps token ids (B, T) to logits (B, T, vocab); ``loss(idx, targets)`` is
+    the mean cross-entropy. Built from ``seed`` on the CPU RNG (the global RNG is left as it
+    was), then moved to ``device`` and ``dtype``.
+    """
+
+    def __init__(self, config: GPTConfig, comm, *, seed: int = 0, backend: str = "cublas",
+                 overlap: bool = True, device=None, dtype=None):
+        super().__init__()
+        self.config = config
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            self.tok = nn.Embedding(config.vocab, config.hidden)
+            self.pos = nn.Embedding(config.seq_len, config.hidden)
+            self.layers = nn.ModuleList(
+                TransformerLayer(config.hidden, config.heads, comm, mlp_ratio=config.mlp_ratio,
+                                 backend=backend, overlap=overlap, device=device, dtype=dtype)
+                for _ in range(config.layers))
+            self.ln_f = nn.LayerNorm(config.hidden)
+            self.head = nn.Linear(config.hidden, config.vocab)
+        self.to(device=device, dtype=dtype)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(idx.shape[1], device=idx.device)
+        x = self.tok(idx) + self.pos(positions)
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(self.ln_f(x))
+
+    def loss(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        logits = self(idx)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
