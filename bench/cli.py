@@ -103,20 +103,13 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
 
 def cmd_comm(args: argparse.Namespace, console: Console) -> int:
     """Run under ``mpiexec -n P``; rank 0 prints and writes, every rank measures."""
-    from mpi4py import MPI
-
     import tp.comm
-    from tp.mpi import abort_on_exception, bind_device
 
     from . import comm_bench as cb
     from .results import collect_meta, write_results
 
-    abort_on_exception()
-    world = MPI.COMM_WORLD
-    lead = world.Get_rank() == 0
-    say = console.print if lead else (lambda *a, **k: None)
-    device_type = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    default_backends = "nccl_direct,nccl,ring,ring/mpi,mpi" if device_type == "cuda" else "mpi,ring"
+    world, device, say = _mpi_setup(args, console)
+    default_backends = "nccl_direct,nccl,ring,ring/mpi,mpi" if device.type == "cuda" else "mpi,ring"
     names = _csv(args.backend or default_backends)
     ops = _csv(args.op)
     try:
@@ -129,14 +122,11 @@ def cmd_comm(args: argparse.Namespace, console: Console) -> int:
             raise ValueError(f"unknown {', '.join(unknown)}; ops: {', '.join(cb.COLLECTIVES)}; "
                              f"backends: {', '.join((*tp.comm.BACKENDS, 'nccl_direct'))}; "
                              f"dtypes: {', '.join(cb.DTYPES)}")
-        if device_type == "cuda" and not torch.cuda.is_available():
-            raise ValueError("--device cuda but no CUDA GPU is visible")
     except ValueError as exc:
         say(f"error: {exc}")
         return 2
-    device = bind_device(world) if device_type == "cuda" else torch.device("cpu")
     dtype = cb.DTYPES[args.dtype]
-    say(f"gemmlab comm: {world.Get_size()} ranks, {device_type}, {args.dtype}, "
+    say(f"gemmlab comm: {world.Get_size()} ranks, {device.type}, {args.dtype}, "
         f"{args.iters} iterations after {args.warmup_iters} warm-up")
     comms = {name: cb.DirectNccl(world, device) if name == "nccl_direct"
              else tp.comm.create(name, world, device) for name in names}
@@ -151,7 +141,7 @@ def cmd_comm(args: argparse.Namespace, console: Console) -> int:
                                            args.iters, args.warmup_iters)) is not None]
             rows += block
             table = Table(title=f"{op} | {block[0]['backend'] if block else name} | "
-                          f"{world.Get_size()} ranks | {args.dtype} | {device_type}")
+                          f"{world.Get_size()} ranks | {args.dtype} | {device.type}")
             for col in ("size (B)", "count", "type", "time (us)", "algbw (GB/s)",
                         "busbw (GB/s)", "#wrong"):
                 table.add_column(col, justify="right")
@@ -162,11 +152,19 @@ def cmd_comm(args: argparse.Namespace, console: Console) -> int:
     for comm in comms.values():
         comm.close()
     wrong = sum(r["wrong"] for r in rows)
-    if lead and args.out:
+    if world.Get_rank() == 0 and args.out:
         for path in write_results(args.out, collect_meta(), rows, cb.plot):
             say(f"wrote {path}")
     say(f"{len(rows)} measurements, {wrong} wrong elements")
     return 1 if wrong else 0
+
+
+def _launch_in_order() -> None:
+    """Make the GPU start kernels in launch order (``CUDA_DEVICE_MAX_CONNECTIONS=1``, read
+    when the CUDA context is created, so before any CUDA call), as Megatron-LM does for TP
+    overlap: a communication kernel launched before a GEMM then gets its SMs first, instead of
+    waiting until the GEMM has taken all of them. An explicit setting is left alone."""
+    os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
 
 
 def _mpi_setup(args, console):
@@ -194,6 +192,7 @@ def cmd_tp(args: argparse.Namespace, console: Console) -> int:
     from . import tp_bench
     from .results import collect_meta, write_results
 
+    _launch_in_order()
     world, device, say = _mpi_setup(args, console)
     comm_name = args.comm or ("nccl" if device.type == "cuda" else "mpi")
     comm = tp.comm.create(comm_name, world, device)
@@ -241,6 +240,7 @@ def cmd_train(args: argparse.Namespace, console: Console) -> int:
 
     from .results import collect_meta, write_results
 
+    _launch_in_order()
     world, device, say = _mpi_setup(args, console)
     size = world.Get_size()
     dp = args.dp or size // max(args.tp, 1)

@@ -62,16 +62,24 @@ def run(world, comm, self_comm, device: torch.device, dtype_name: str, tokens: i
     torch.manual_seed(seed)  # the same masters and data on every rank (CPU and CUDA RNGs)
     fc1 = nn.Linear(hidden, inner, device=device)
     fc2 = nn.Linear(inner, hidden, device=device)
-    x = torch.randn(tokens, hidden, device=device)
-    g1 = torch.randn(tokens, inner, device=device)
-    g2 = torch.randn(tokens, hidden, device=device)
+    # Everything rounded to the layers' dtype first, so the fp32 reference sees the very
+    # values the layers see (a ReLU at a value that rounding moves across 0 would otherwise
+    # pass a different gradient).
+    with torch.no_grad():
+        for t in (fc1.weight, fc1.bias, fc2.weight, fc2.bias):
+            t.copy_(t.to(dtype))
+
+    def randn(*shape):
+        return torch.randn(shape, device=device).to(dtype).float()
+
+    x, g1, g2 = randn(tokens, hidden), randn(tokens, inner), randn(tokens, hidden)
 
     # The dense reference in fp32 (TF32 off), with every gradient.
     with torch.enable_grad():
         xr = x.clone().requires_grad_(True)
         h = torch.relu(fc1(xr))
         ref_dx1, ref_dw1, ref_db1 = torch.autograd.grad(h, [xr, fc1.weight, fc1.bias], g1)
-        hr = h.detach().requires_grad_(True)
+        hr = h.detach().to(dtype).float().requires_grad_(True)  # what fc2's layer receives
         out = fc2(hr)
         ref_dx2, ref_dw2, ref_db2 = torch.autograd.grad(out, [hr, fc2.weight, fc2.bias], g2)
     n, k = inner // p, inner // p
@@ -108,7 +116,7 @@ def run(world, comm, self_comm, device: torch.device, dtype_name: str, tokens: i
         err((dx1, ref_dx1), (dw1, ref_dw1.t()[:, cols]), (db1, ref_db1[cols])))
 
     # Row-parallel fc2 on this rank's block of h (input_is_parallel).
-    hd = h.detach()[:, rows_].to(dtype).contiguous().requires_grad_(True)
+    hd = hr.detach()[:, rows_].to(dtype).contiguous().requires_grad_(True)
     y2 = row(hd)
     dx2, dw2, db2 = _grads(y2, [hd, row.weight, row.bias], g2.to(dtype))
     with torch.no_grad():
@@ -128,7 +136,7 @@ def run(world, comm, self_comm, device: torch.device, dtype_name: str, tokens: i
             _ms(block, iters, warmup, device, world), None)
         result[-1]["tp"] = group.size
     if p > 1:
-        result += overlap_rows(world, comm, device, dtype_name, x, h, g1, g2, cols, rows_,
+        result += overlap_rows(world, comm, device, dtype_name, x, hr.detach(), g1, g2, cols, rows_,
                                (col, col_serial, row, row_serial), chunks, iters, warmup)
     return result
 
