@@ -22,9 +22,11 @@ _COMM_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
 
 
 def comm_stream(device: torch.device) -> torch.cuda.Stream:
-    """The side stream communication runs on while GEMMs run on the current stream."""
+    """The side stream communication runs on while GEMMs run on the current stream. It has
+    high priority, so the block scheduler starts a communication kernel's blocks as soon as
+    SMs free up instead of after every pending block of a long GEMM."""
     if device not in _COMM_STREAMS:
-        _COMM_STREAMS[device] = torch.cuda.Stream(device)
+        _COMM_STREAMS[device] = torch.cuda.Stream(device, priority=-1)
     return _COMM_STREAMS[device]
 
 
