@@ -165,8 +165,11 @@ def _degenerate(m: int, n: int, a: torch.Tensor, c: torch.Tensor | None, relu: b
 
 
 def _overlap(x: torch.Tensor, y: torch.Tensor) -> bool:
-    """Whether the memory spans of x and y intersect (conservative: spans, not elements)."""
-    if x.device != y.device or x.numel() == 0 or y.numel() == 0:
+    """Whether x and y share memory: tensors on one storage are compared by the spans they
+    cover (conservatively: spans, not elements); separate storages never overlap."""
+    if x.numel() == 0 or y.numel() == 0:
+        return False
+    if x.untyped_storage().data_ptr() != y.untyped_storage().data_ptr():
         return False
 
     def span(t):

@@ -17,8 +17,7 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 @contextlib.contextmanager
-def matmul_precision(allow_tf32: bool):
-    """Set torch's fp32 matmul precision to TF32 or IEEE for the block, then restore it."""
+def _fp32_precision(allow_tf32: bool):
     matmul = torch.backends.cuda.matmul
     saved = matmul.fp32_precision
     matmul.fp32_precision = "tf32" if allow_tf32 else "ieee"
@@ -28,10 +27,19 @@ def matmul_precision(allow_tf32: bool):
         matmul.fp32_precision = saved
 
 
+def matmul_precision(a: torch.Tensor, allow_tf32: bool):
+    """A context that sets torch's fp32 CUDA matmul precision to TF32 or IEEE, then restores
+    it; a no-op for other tensors (the setting is global state, so it is touched only when
+    it matters)."""
+    if a.is_cuda and a.dtype == torch.float32:
+        return _fp32_precision(allow_tf32)
+    return contextlib.nullcontext()
+
+
 def run_cublas(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, relu: bool,
                allow_tf32: bool, out: torch.Tensor | None) -> torch.Tensor:
     """D = act(A @ B + C) with torch.mm / torch.addmm, written into ``out`` when given."""
-    with matmul_precision(allow_tf32):
+    with matmul_precision(a, allow_tf32):
         if c is None:
             out = torch.mm(a, b, out=out)
         else:
@@ -42,7 +50,7 @@ def run_cublas(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, relu: b
 def run_unfused(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, relu: bool,
                 allow_tf32: bool, out: torch.Tensor | None) -> torch.Tensor:
     """``torch.relu(a @ b + c)`` as written; copied into ``out`` when one is given."""
-    with matmul_precision(allow_tf32):
+    with matmul_precision(a, allow_tf32):
         d = a @ b
     if c is not None:
         d = d + c
