@@ -208,9 +208,10 @@ def plot(rows: list[dict], path: Path) -> None:
     lapped = [r for r in rows if "overlap_efficiency" in r]
     fig, axes = plt.subplots(1, 2, figsize=(12, 4), squeeze=False)
     ax = axes[0, 0]
-    ax.bar([f"{r['layer']} {r['phase']}\nTP={r['tp']}" for r in timed], [r["ms"] for r in timed])
-    ax.set_ylabel("ms")
-    ax.tick_params(axis="x", labelsize=7)
+    ax.barh([f"{r['layer']} {r['phase']}, TP={r['tp']}" for r in timed], [r["ms"] for r in timed])
+    ax.invert_yaxis()
+    ax.set_xlabel("ms")
+    ax.tick_params(axis="y", labelsize=8)
     ax.set_title(f"TP layers, {timed[0]['dtype']}, M = {timed[0]['M']}", fontsize=10)
     ax = axes[0, 1]
     keys = ["compute_ms", "comm_ms", "serial_ms", "overlapped_ms"]
