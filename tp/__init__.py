@@ -1,4 +1,12 @@
-"""Tensor parallelism over mpi4py (to come): the DP x TP process grid, the communicators
-(native MPI, a from-scratch ring, NCCL), ColumnParallelLinear / RowParallelLinear with
-forward and backward, compute/communication overlap on CUDA streams, a TP transformer
-layer and a small training run."""
+"""Tensor parallelism over mpi4py.
+
+- ``tp.grid``: the DP x TP process grid (model-major) and ``split_data``.
+- ``tp.mpi``: abort on the first exception, GPU binding, CUDA-aware MPI detection.
+- ``tp.comm``: one communicator interface over native MPI, the from-scratch ring (over MPI
+  or NCCL) and NCCL.
+- ``tp.layers``: ColumnParallelLinear / RowParallelLinear, forward and backward, with
+  compute/communication overlap on CUDA streams (``tp.functional`` holds the gather/scatter
+  operators).
+- ``tp.transformer``: the TP transformer layer and a small GPT; ``tp.train``: its DP x TP
+  training loop.
+"""
