@@ -8,10 +8,10 @@ Backends, in ladder order: ``cublas`` (the baseline), ``torch_unfused``, ``cuda_
 """
 
 from .api import Availability, BackendUnavailableError, available, gemm, get_backend
-from .reference import TOLERANCES, precision_name, reference, relative_error
+from .reference import TOLERANCES, reference, relative_error
 from .registry import BACKENDS, LADDER, Backend
 
 __all__ = [
     "BACKENDS", "LADDER", "TOLERANCES", "Availability", "Backend", "BackendUnavailableError",
-    "available", "gemm", "get_backend", "precision_name", "reference", "relative_error",
+    "available", "gemm", "get_backend", "reference", "relative_error",
 ]

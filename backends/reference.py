@@ -10,12 +10,6 @@ TOLERANCES = {"fp32": 1e-5, "tf32": 5e-3, "fp16": 5e-3, "bf16": 1e-2}
 DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
-def precision_name(dtype: torch.dtype, allow_tf32: bool = False) -> str:
-    """``fp32``, ``tf32``, ``fp16`` or ``bf16``: the name results and tolerances use."""
-    name = DTYPE_NAMES[dtype]
-    return "tf32" if allow_tf32 and name == "fp32" else name
-
-
 def reference(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None,
               activation: str | None = None) -> torch.Tensor:
     """act(A @ B + C) in float64 on the inputs' device, from the inputs as given.

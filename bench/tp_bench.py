@@ -103,27 +103,31 @@ def run(world, comm, self_comm, device: torch.device, dtype_name: str, tokens: i
     def err(*pairs):
         return max(backends.relative_error(got.float(), want.float()) for got, want in pairs)
 
+    # Inputs and upstream gradients in the layers' dtype, made once: outside every timed region.
+    grad1 = g1[:, cols].to(dtype).contiguous()  # fc1's shard of dL/dY
+    grad2 = g2.to(dtype)
+
     # Column-parallel fc1.
     xd = x.to(dtype).requires_grad_(True)
     y1 = col(xd)
-    dx1, dw1, db1 = _grads(y1, [xd, col.weight, col.bias], g1[:, cols].to(dtype))
+    dx1, dw1, db1 = _grads(y1, [xd, col.weight, col.bias], grad1)
     with torch.no_grad():
         fwd = _ms(lambda: col(xd), iters, warmup, device, world)
     add("column", "forward", tokens, n, hidden, fwd, err((y1, h[:, cols])))
-    bwd = _ms(lambda: _grads(y1, [xd, col.weight, col.bias], g1[:, cols].to(dtype)),
-              iters, warmup, device, world)
+    bwd = _ms(lambda: _grads(y1, [xd, col.weight, col.bias], grad1), iters, warmup, device,
+              world)
     add("column", "backward", tokens, n, hidden, bwd,
         err((dx1, ref_dx1), (dw1, ref_dw1.t()[:, cols]), (db1, ref_db1[cols])))
 
     # Row-parallel fc2 on this rank's block of h (input_is_parallel).
     hd = hr.detach()[:, rows_].to(dtype).contiguous().requires_grad_(True)
     y2 = row(hd)
-    dx2, dw2, db2 = _grads(y2, [hd, row.weight, row.bias], g2.to(dtype))
+    dx2, dw2, db2 = _grads(y2, [hd, row.weight, row.bias], grad2)
     with torch.no_grad():
         fwd = _ms(lambda: row(hd), iters, warmup, device, world)
     add("row", "forward", tokens, hidden, k, fwd, err((y2, out)))
-    bwd = _ms(lambda: _grads(y2, [hd, row.weight, row.bias], g2.to(dtype)),
-              iters, warmup, device, world)
+    bwd = _ms(lambda: _grads(y2, [hd, row.weight, row.bias], grad2), iters, warmup, device,
+              world)
     add("row", "backward", tokens, hidden, k, bwd,
         err((dx2, ref_dx2[:, rows_]), (dw2, ref_dw2.t()[rows_]), (db2, ref_db2)))
 
@@ -131,21 +135,24 @@ def run(world, comm, self_comm, device: torch.device, dtype_name: str, tokens: i
     for group, (c, rw) in ((comm, (col, row)), (self_comm, layers(self_comm, overlap=False))):
         def block(c=c, rw=rw):
             xb = xd.detach().requires_grad_(True)
-            rw(c(xb)).backward(g2.to(dtype))
+            rw(c(xb)).backward(grad2)
         add("mlp", "forward+backward", tokens, inner, hidden,
             _ms(block, iters, warmup, device, world), None)
         result[-1]["tp"] = group.size
     if p > 1:
-        result += overlap_rows(world, comm, device, dtype_name, x, hr.detach(), g1, g2, cols, rows_,
-                               (col, col_serial, row, row_serial), chunks, iters, warmup)
+        result += overlap_rows(world, comm, device, dtype_name, xd.detach(), hd.detach(), grad1,
+                               (col, col_serial, row, row_serial), iters, warmup)
     return result
 
 
-def overlap_rows(world, comm, device, dtype_name, x, h, g1, g2, cols, rows_, layers_, chunks,
-                 iters, warmup) -> list[dict]:
-    """Compute alone, communication alone, serial and overlapped, for both overlaps."""
+def overlap_rows(world, comm, device, dtype_name, xd, hd, grad_y, layers_, iters,
+                 warmup) -> list[dict]:
+    """Compute alone, communication alone, serial and overlapped, for both overlaps.
+
+    ``xd`` is fc1's input, ``hd`` this rank's block of fc2's input and ``grad_y`` fc1's shard
+    of the upstream gradient, all in the layers' dtype.
+    """
     col, col_serial, row, row_serial = layers_
-    dtype = DTYPES[dtype_name]
     out = []
 
     def record(layer, phase, m, n, k, compute, comm_ms, serial, overlapped):
@@ -157,8 +164,7 @@ def overlap_rows(world, comm, device, dtype_name, x, h, g1, g2, cols, rows_, lay
     stream = comm_stream(device) if device.type == "cuda" else None
 
     # Row-parallel forward: the chunk GEMMs alone, the chunk all-reduces alone, then the layer.
-    hd = h[:, rows_].to(dtype).contiguous()
-    y = torch.empty(hd.shape[0], row.out_features, dtype=dtype, device=device)
+    y = torch.empty(hd.shape[0], row.out_features, dtype=hd.dtype, device=device)
     bounds = chunk_bounds(hd.shape[0], row.chunks)
     spans = [slice(bounds[i], bounds[i + 1]) for i in range(row.chunks)]
 
@@ -177,8 +183,6 @@ def overlap_rows(world, comm, device, dtype_name, x, h, g1, g2, cols, rows_, lay
                _ms(lambda: row(hd), iters, warmup, device, world))
 
     # Column-parallel backward: the dW GEMM (what can overlap) alone, the dX all-reduce alone.
-    xd = x.to(dtype)
-    grad_y = g1[:, cols].to(dtype).contiguous()
     with torch.no_grad():
         dx = backends.gemm(grad_y, col.weight.t(), backend=col.backend)
     xs = xd.detach().requires_grad_(True)
