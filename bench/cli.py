@@ -200,9 +200,11 @@ def cmd_tp(args: argparse.Namespace, console: Console) -> int:
     comm = tp.comm.create(comm_name, world, device)
     self_comm = tp.comm.create("mpi", MPI.COMM_SELF, device)
     say(f"gemmlab tp: TP={world.Get_size()}, {device.type}, {args.dtype}, backend {args.backend}, "
-        f"{comm.name}; M={args.tokens} tokens, hidden {args.hidden}, ratio {args.ratio}")
+        f"{comm.name}; M={args.tokens} tokens, hidden {args.hidden}, ratio {args.ratio}, "
+        f"{args.chunks} chunks, SM margin {args.sm_margin}")
     rows = tp_bench.run(world, comm, self_comm, device, args.dtype, args.tokens, args.hidden,
-                        args.ratio, args.backend, args.chunks, args.iters, args.warmup)
+                        args.ratio, args.backend, args.chunks, args.iters, args.warmup,
+                        sm_margin=args.sm_margin)
     timed = Table(title="TP layers against the dense layers")
     for col in ("layer", "phase", "TP", "M", "N", "K", "dtype", "ms", "max rel err", "check"):
         timed.add_column(col, justify="left" if col in ("layer", "phase", "check") else "right")
@@ -214,13 +216,15 @@ def cmd_tp(args: argparse.Namespace, console: Console) -> int:
                           "PASS" if r["ok"] else "FAIL")
     say(timed)
     lapped = Table(title="compute/communication overlap (ms)")
-    for col in ("layer", "phase", "compute", "comm", "serial", "overlapped", "efficiency"):
+    for col in ("layer", "phase", "chunks", "compute", "comm", "serial", "overlapped",
+                "efficiency", "comm hidden"):
         lapped.add_column(col, justify="left" if col in ("layer", "phase") else "right")
     for r in rows:
         if "overlap_efficiency" in r:
-            lapped.add_row(r["layer"], r["phase"], f"{r['compute_ms']:.3f}",
+            lapped.add_row(r["layer"], r["phase"], str(r["chunks"]), f"{r['compute_ms']:.3f}",
                            f"{r['comm_ms']:.3f}", f"{r['serial_ms']:.3f}",
-                           f"{r['overlapped_ms']:.3f}", f"{r['overlap_efficiency']:.0%}")
+                           f"{r['overlapped_ms']:.3f}", f"{r['overlap_efficiency']:.0%}",
+                           f"{r['comm_hidden']:.0%}")
     say(lapped)
     if world.Get_rank() == 0 and args.out:
         for path in write_results(args.out, collect_meta(), rows, tp_bench.plot):
@@ -380,6 +384,9 @@ def build_parser() -> argparse.ArgumentParser:
     tpp.add_argument("--backend", default="cublas", help="backends.gemm backend")
     tpp.add_argument("--comm", help="mpi, ring or nccl (default nccl on GPUs, mpi on CPUs)")
     tpp.add_argument("--chunks", type=int, default=4, help="row chunks of the row-parallel GEMM")
+    tpp.add_argument("--sm-margin", type=int, default=0,
+                     help="SMs the overlapped cuBLAS GEMMs leave free for NCCL (cuBLASLt SM "
+                     "count target; 0: all SMs)")
     tpp.add_argument("--iters", type=int, default=10)
     tpp.add_argument("--warmup", type=int, default=3)
     tpp.add_argument("--device", choices=("cpu", "cuda"))

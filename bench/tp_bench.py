@@ -11,9 +11,11 @@ every rank. Rows:
   on its own GPU, in the same run), so their ratio is the TP speedup.
 - overlap rows: for the row-parallel forward (chunk all-reduces against the next chunks'
   GEMMs) and the column-parallel backward (the dX all-reduce against the dW GEMM): compute
-  alone, communication alone, both serially (overlap off), overlapped, and the overlap
-  efficiency = (serial - overlapped) / min(compute, communication): the share of the smaller
-  of the two that the overlap hid.
+  alone (as the layer runs it, with its SM margin), communication alone, both serially
+  (overlap off), overlapped, and the overlap efficiency = (serial - overlapped) /
+  min(compute, communication): the share of the smaller of the two that the overlap hid;
+  ``comm_hidden`` = (serial - overlapped) / communication is the share of the communication
+  time hidden.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from torch import nn
 import backends
 from tp.comm.ring import chunk_bounds
 from tp.functional import comm_stream
-from tp.layers import ColumnParallelLinear, RowParallelLinear
+from tp.layers import ColumnParallelLinear, RowParallelLinear, reserve_sms
 
 from .timing import seconds_per_call
 
@@ -46,9 +48,10 @@ def _grads(y, inputs, grad_out):
 
 def run(world, comm, self_comm, device: torch.device, dtype_name: str, tokens: int,
         hidden: int, ratio: float, backend: str, chunks: int, iters: int, warmup: int,
-        seed: int = 0) -> list[dict]:
+        seed: int = 0, sm_margin: int = 0) -> list[dict]:
     """All rows; collective over ``world`` (= the TP group ``comm``). ``self_comm`` is a
-    one-rank communicator for the TP = 1 runs.
+    one-rank communicator for the TP = 1 runs; ``sm_margin`` is the TP layers' (the TP = 1
+    block has nothing to overlap and uses none).
 
     Raises:
         ValueError: ratio * hidden not a whole number, or not a multiple of the TP size.
@@ -86,7 +89,8 @@ def run(world, comm, self_comm, device: torch.device, dtype_name: str, tokens: i
     cols, rows_ = slice(r * n, (r + 1) * n), slice(r * k, (r + 1) * k)
 
     def layers(group, overlap):
-        kw = {"backend": backend, "overlap": overlap, "device": device, "dtype": dtype}
+        kw = {"backend": backend, "overlap": overlap, "device": device, "dtype": dtype,
+              "sm_margin": sm_margin if group.size > 1 else 0}
         return (ColumnParallelLinear(hidden, inner, group, activation="relu", master=fc1, **kw),
                 RowParallelLinear(inner, hidden, group, master=fc2, chunks=chunks, **kw))
 
@@ -155,11 +159,13 @@ def overlap_rows(world, comm, device, dtype_name, xd, hd, grad_y, layers_, iters
     col, col_serial, row, row_serial = layers_
     out = []
 
-    def record(layer, phase, m, n, k, compute, comm_ms, serial, overlapped):
+    def record(layer, phase, m, n, k, compute, comm_ms, serial, overlapped, chunks=1):
         out.append({"layer": layer, "phase": phase, "tp": comm.size, "M": m, "N": n, "K": k,
-                    "dtype": dtype_name, "compute_ms": compute, "comm_ms": comm_ms,
-                    "serial_ms": serial, "overlapped_ms": overlapped,
-                    "overlap_efficiency": (serial - overlapped) / min(compute, comm_ms)})
+                    "dtype": dtype_name, "chunks": chunks, "sm_margin": row.sm_margin,
+                    "compute_ms": compute, "comm_ms": comm_ms, "serial_ms": serial,
+                    "overlapped_ms": overlapped,
+                    "overlap_efficiency": (serial - overlapped) / min(compute, comm_ms),
+                    "comm_hidden": (serial - overlapped) / comm_ms})
 
     stream = comm_stream(device) if device.type == "cuda" else None
 
@@ -170,7 +176,8 @@ def overlap_rows(world, comm, device, dtype_name, xd, hd, grad_y, layers_, iters
 
     def gemms():
         for s in spans:
-            backends.gemm(hd[s], row.weight, backend=row.backend, out=y[s])
+            with reserve_sms(row.sm_margin, device):
+                backends.gemm(hd[s], row.weight, backend=row.backend, out=y[s])
 
     def reduces():
         for s in spans:
@@ -180,7 +187,7 @@ def overlap_rows(world, comm, device, dtype_name, xd, hd, grad_y, layers_, iters
         record("row", "forward", hd.shape[0], row.out_features, hd.shape[1],
                _ms(gemms, iters, warmup, device, world), _ms(reduces, iters, warmup, device, world),
                _ms(lambda: row_serial(hd), iters, warmup, device, world),
-               _ms(lambda: row(hd), iters, warmup, device, world))
+               _ms(lambda: row(hd), iters, warmup, device, world), row.chunks)
 
     # Column-parallel backward: the dW GEMM (what can overlap) alone, the dX all-reduce alone.
     with torch.no_grad():
@@ -189,9 +196,12 @@ def overlap_rows(world, comm, device, dtype_name, xd, hd, grad_y, layers_, iters
     ys = col_serial(xs)
     xo = xd.detach().requires_grad_(True)
     yo = col(xo)
+    def dw():
+        with reserve_sms(col.sm_margin, device):
+            backends.gemm(xd.t(), grad_y, backend=col.backend)
+
     with torch.no_grad():
-        compute = _ms(lambda: backends.gemm(xd.t(), grad_y, backend=col.backend), iters, warmup,
-                      device, world)
+        compute = _ms(dw, iters, warmup, device, world)
     record("column", "backward", xd.shape[0], grad_y.shape[1], xd.shape[1], compute,
            _ms(lambda: comm.all_reduce(dx, stream=stream), iters, warmup, device, world),
            _ms(lambda: _grads(ys, [xs, col_serial.weight, col_serial.bias], grad_y), iters,

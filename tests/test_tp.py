@@ -43,6 +43,9 @@ def test_gemmlab_tp_on_cpu(tmp_path):
     for r in lapped:
         assert r["overlap_efficiency"] == pytest.approx(
             (r["serial_ms"] - r["overlapped_ms"]) / min(r["compute_ms"], r["comm_ms"]))
+        assert r["comm_hidden"] == pytest.approx(
+            (r["serial_ms"] - r["overlapped_ms"]) / r["comm_ms"])
+        assert r["chunks"] == (4 if r["layer"] == "row" else 1) and r["sm_margin"] == 0
 
 
 def _train(tmp_path, name, ranks, *args):

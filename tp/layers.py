@@ -22,6 +22,8 @@ global RNG, identically on every rank), so a TP layer can be compared with the d
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
 
@@ -29,6 +31,33 @@ from backends import gemm
 
 from .comm.ring import chunk_bounds
 from .functional import comm_stream, gather_from_tp, scatter_to_tp
+
+
+@contextlib.contextmanager
+def reserve_sms(sms: int, device: torch.device):
+    """cuBLAS GEMMs started inside leave ``sms`` SMs free for the communication kernels that
+    run beside them.
+
+    cuBLAS's Hopper GEMMs are persistent (one block per SM loops over the output tiles): next
+    to a running NCCL kernel some of those blocks can only start when it ends, and the GEMM
+    takes up to twice as long (PyTorch's note on ``_SMCarveout_EXPERIMENTAL`` in
+    ATen/Context.h). Inside, GEMMs go through cuBLASLt with ``CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET``
+    = SMs - ``sms`` (PyTorch's experimental SM carveout), as Transformer Engine's ``sm_margin``
+    does. A no-op for ``sms=0`` and off CUDA; the other backends launch one block per tile,
+    which the scheduler interleaves with communication blocks by itself.
+    """
+    if not sms or device.type != "cuda":
+        yield
+        return
+    library = torch.backends.cuda.preferred_blas_library()
+    carveout = torch._C._get_sm_carveout_experimental()
+    torch.backends.cuda.preferred_blas_library("cublaslt")
+    torch._C._set_sm_carveout_experimental(sms)
+    try:
+        yield
+    finally:
+        torch._C._set_sm_carveout_experimental(carveout)
+        torch.backends.cuda.preferred_blas_library(library)
 
 
 def _async_all_reduce(x: torch.Tensor, comm):
@@ -41,9 +70,11 @@ class _TPLinear(nn.Module):
     """What both layers share: the shard, its checks, and the communication switches."""
 
     def __init__(self, in_features, out_features, comm, split: str, bias, backend, overlap,
-                 master, device, dtype):
+                 sm_margin, master, device, dtype):
         super().__init__()
         p = comm.size
+        if sm_margin < 0:
+            raise ValueError(f"sm_margin must be >= 0; got {sm_margin}")
         split_dim = out_features if split == "columns" else in_features
         if split_dim % p:
             raise ValueError(f"{type(self).__name__}: {'out' if split == 'columns' else 'in'}"
@@ -67,6 +98,7 @@ class _TPLinear(nn.Module):
             self.bias = nn.Parameter(b.to(device=device, dtype=dtype).contiguous())
         self.in_features, self.out_features = in_features, out_features
         self.comm, self.backend, self.overlap = comm, backend, overlap
+        self.sm_margin = sm_margin
 
 
 class ColumnParallelLinear(_TPLinear):
@@ -82,6 +114,8 @@ class ColumnParallelLinear(_TPLinear):
             (..., out_features / P) block.
         backend: ``backends.gemm`` backend of the local GEMMs.
         overlap: overlap the backward all-reduce of dX with the dW GEMM.
+        sm_margin: SMs the backward dW GEMM leaves free for the all-reduce beside it (cuBLAS
+            only; see ``reserve_sms``); applied with overlap on and off alike.
         master: the dense ``nn.Linear`` to cut from (default: a new one).
         device, dtype: of the shard.
 
@@ -89,17 +123,18 @@ class ColumnParallelLinear(_TPLinear):
 
     Raises:
         ValueError: ``out_features`` not a multiple of the TP size; an unknown activation;
-            ``overlap`` without asynchronous communication; a master of other sizes.
+            ``overlap`` without asynchronous communication; a master of other sizes; a
+            negative ``sm_margin``.
     """
 
     def __init__(self, in_features: int, out_features: int, comm, *, bias: bool = True,
                  activation: str | None = None, gather_output: bool = False,
-                 backend: str = "cublas", overlap: bool = True, master: nn.Linear | None = None,
-                 device=None, dtype=None):
+                 backend: str = "cublas", overlap: bool = True, sm_margin: int = 0,
+                 master: nn.Linear | None = None, device=None, dtype=None):
         if activation not in (None, "relu"):
             raise ValueError(f"activation must be None or 'relu'; got {activation!r}")
         super().__init__(in_features, out_features, comm, "columns", bias, backend, overlap,
-                         master, device, dtype)
+                         sm_margin, master, device, dtype)
         self.activation, self.gather_output = activation, gather_output
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -121,20 +156,24 @@ class RowParallelLinear(_TPLinear):
         backend: ``backends.gemm`` backend of the local GEMMs.
         overlap: overlap each chunk's all-reduce with the next chunk's GEMM.
         chunks: row chunks of the forward GEMM (the same with overlap on or off).
+        sm_margin: SMs the forward chunk GEMMs leave free for the all-reduces beside them
+            (cuBLAS only; see ``reserve_sms``); applied with overlap on and off alike.
         master, device, dtype: as for ``ColumnParallelLinear``.
 
     Raises:
         ValueError: ``in_features`` not a multiple of the TP size; ``chunks`` < 1; ``overlap``
-            without asynchronous communication; a master of other sizes.
+            without asynchronous communication; a master of other sizes; a negative
+            ``sm_margin``.
     """
 
     def __init__(self, in_features: int, out_features: int, comm, *, bias: bool = True,
                  input_is_parallel: bool = True, backend: str = "cublas", overlap: bool = True,
-                 chunks: int = 4, master: nn.Linear | None = None, device=None, dtype=None):
+                 chunks: int = 4, sm_margin: int = 0, master: nn.Linear | None = None,
+                 device=None, dtype=None):
         if chunks < 1:
             raise ValueError(f"chunks must be >= 1; got {chunks}")
         super().__init__(in_features, out_features, comm, "rows", bias, backend, overlap,
-                         master, device, dtype)
+                         sm_margin, master, device, dtype)
         self.input_is_parallel, self.chunks = input_is_parallel, chunks
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -170,7 +209,8 @@ class _ColumnParallel(torch.autograd.Function):
                 work = _async_all_reduce(grad_x, layer.comm)
             else:
                 layer.comm.all_reduce(grad_x)
-        grad_w = gemm(x.t(), grad_y, backend=layer.backend)  # overlaps the all-reduce
+        with reserve_sms(layer.sm_margin, x.device):
+            grad_w = gemm(x.t(), grad_y, backend=layer.backend)  # overlaps the all-reduce
         grad_b = grad_y.sum(0) if ctx.has_bias else None
         if work is not None:
             grad_x = work.wait()
@@ -189,7 +229,8 @@ class _RowParallel(torch.autograd.Function):
             rows = slice(bounds[i], bounds[i + 1])
             if bounds[i] == bounds[i + 1]:
                 continue
-            gemm(x[rows], weight, backend=layer.backend, out=out[rows])
+            with reserve_sms(layer.sm_margin, x.device):
+                gemm(x[rows], weight, backend=layer.backend, out=out[rows])
             if layer.comm.size == 1:
                 continue
             if layer.overlap:  # runs while the next chunk's GEMM computes

@@ -113,5 +113,13 @@ for bad in (lambda: ColumnParallelLinear(12, 6 * p + 1, comm),
         assert "is not a multiple of the TP size" in str(exc)
     else:
         raise AssertionError("a size the TP degree does not divide was accepted")
+for bad in (lambda: ColumnParallelLinear(12, 6 * p, comm, sm_margin=-1),
+            lambda: RowParallelLinear(4 * p, 8, comm, sm_margin=-8)):
+    try:
+        bad()
+    except ValueError as exc:
+        assert "sm_margin must be >= 0" in str(exc)
+    else:
+        raise AssertionError("a negative sm_margin was accepted")
 say(f"OK divisibility errors on {p} ranks")
 comm.close()
