@@ -43,11 +43,13 @@ def _run(*cmd: str) -> str | None:
 
 
 def git_commit() -> str:
-    """HEAD of the checkout (``-dirty`` with local changes); ``GEMMLAB_GIT_COMMIT`` when the
-    tree is a copy without ``.git``; else ``"unknown"``."""
+    """``GEMMLAB_GIT_COMMIT`` when set (a copy of the tree, whose own ``.git``, if any, may be
+    stale); else HEAD of the checkout (``-dirty`` with local changes); else ``"unknown"``."""
+    if commit := os.environ.get("GEMMLAB_GIT_COMMIT"):
+        return commit
     commit = _run("git", "rev-parse", "HEAD")
     if commit is None:
-        return os.environ.get("GEMMLAB_GIT_COMMIT", "unknown")
+        return "unknown"
     return commit + ("-dirty" if _run("git", "status", "--porcelain") else "")
 
 

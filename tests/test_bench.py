@@ -128,3 +128,12 @@ def test_every_epilogue_is_checked_against_its_own_reference():
     assert [(r["backend"], r["epilogue"]) for r in rows] == [
         (name, e) for e in gb.EPILOGUES for name in ("cublas", "torch_unfused", "triton_fused")]
     assert all(r["ok"] and r["rel_err"] <= 1e-6 for r in rows), rows
+
+
+def test_git_commit_prefers_the_commit_a_copied_tree_names(monkeypatch):
+    from bench.results import git_commit
+
+    monkeypatch.setenv("GEMMLAB_GIT_COMMIT", "0123abc")
+    assert git_commit() == "0123abc"
+    monkeypatch.delenv("GEMMLAB_GIT_COMMIT")
+    assert git_commit() != "0123abc"
