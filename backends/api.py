@@ -8,6 +8,7 @@ import torch
 
 from profiling.nvtx import annotate
 
+from . import tuning
 from .registry import BACKENDS, LADDER, Backend
 
 ACTIVATIONS = (None, "relu")
@@ -49,7 +50,8 @@ def get_backend(name: str) -> Backend:
 
 def gemm(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None, *,
          activation: str | None = None, backend: str = "triton_fused",
-         out: torch.Tensor | None = None, allow_tf32: bool = False) -> torch.Tensor:
+         out: torch.Tensor | None = None, allow_tf32: bool = False,
+         tuned: bool = True) -> torch.Tensor:
     """D = act(A @ B + C), computed by one backend of the ladder.
 
     Args:
@@ -63,6 +65,15 @@ def gemm(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None, *,
         allow_tf32: run fp32 operands on the TF32 tensor cores (10-bit mantissa products);
             off by default, so fp32 means IEEE fp32. Only for fp32 CUDA tensors and the
             backends that declare ``tf32``.
+        tuned: for the backends that have something to tune (triton_fused, cuda_*), run the
+            configuration ``gemmlab tune`` stored in the tuned table (``GEMMLAB_TUNED_FILE``
+            or ``backends/tuned.json``; see ``backends.tuning``) for this GPU, dtype (fp32,
+            tf32, fp16, bf16) and shape bucket (M, N, K each rounded up to a power of two);
+            the GPU is ``"cpu"`` for CPU tensors. Without a matching entry, or with
+            ``tuned=False``, the backend runs its default configuration (Triton's autotuner,
+            the registry's tile sizes). The backend's ``config()`` then reports which entry
+            was used or why none applied. The decision is cached per table version, backend,
+            device, dtype and bucket: a few microseconds per call.
 
     All tensors share one dtype (A's) and one device. Backends that do not declare
     ``strided`` (the CUDA C kernels) receive contiguous copies of non-contiguous inputs, and
@@ -77,7 +88,8 @@ def gemm(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None, *,
             out of the wrong shape; tensors on different devices; a device the backend does
             not support; ``allow_tf32`` where it cannot apply; ``out`` overlapping an input;
             an operand too large for the backend's indexing; inputs that require grad under
-            autograd on a backend without a backward.
+            autograd on a backend without a backward; with ``tuned``, a malformed tuned table
+            (the message names the file) or an entry whose config the backend cannot use.
         TypeError: an argument that is not a tensor; mixed dtypes; a dtype the backend does
             not support.
         BackendUnavailableError: the backend cannot run on this machine (the reason is given).
@@ -93,8 +105,11 @@ def gemm(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None, *,
         c = None if c is None else c.contiguous()
         if out is not None and not out.is_contiguous():
             target = torch.empty((m, n), dtype=a.dtype, device=a.device)
+    # Only tunable backends take the seventh argument (the others are plain functions).
+    choice = ((tuning.resolve(impl, a.device, a.dtype, allow_tf32, m, n, k),)
+              if tuned and impl.pin is not None else ())
     with annotate(impl.name):
-        d = impl.run(a, b, c, relu, allow_tf32, target)
+        d = impl.run(a, b, c, relu, allow_tf32, target, *choice)
     return d if out is None or d is out else out.copy_(d)
 
 

@@ -8,7 +8,8 @@ the README's table.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 
@@ -33,7 +34,9 @@ class Backend:
     Attributes:
         name: registry key, e.g. ``"cuda_regblock"``.
         summary: the technique it adds, one line.
-        run: the implementation; ``gemm()`` calls it only with checked inputs.
+        run: the implementation; ``gemm()`` calls it only with checked inputs. A backend with
+            ``pin`` takes a seventh argument, a ``tuning.Choice``: its ``config`` (from ``pin``)
+            replaces the default configuration unless it is None.
         dtypes: operand dtypes it computes in (A, B, C and D share one).
         devices: torch device types whose tensors it takes (``"cuda"``, ``"cpu"``).
         fused_epilogue: +C and ReLU happen inside the GEMM kernel, before its one store of D.
@@ -42,7 +45,11 @@ class Backend:
         differentiable: autograd can differentiate through it.
         max_numel: largest element count of any operand it can index, or None.
         unavailable: returns why it cannot run on this machine, or None when it can.
-        config: returns its tile configuration (compile-time sizes, or the autotuner's pick).
+        config: returns its tile configuration (compile-time sizes, or the autotuner's pick);
+            for a backend with ``pin``, the one of its latest call and that call's
+            ``Choice.note`` (the tuned entry used, or why none applied).
+        pin: builds the backend's own configuration (``triton.Config``, ``CudaKernel``) from a
+            tuned table entry's ``config`` dict; None for a backend with nothing to tune.
     """
 
     name: str
@@ -57,6 +64,7 @@ class Backend:
     max_numel: int | None
     unavailable: Callable[[], str | None]
     config: Callable[[], str]
+    pin: Callable[[dict], Any] | None = None
 
 
 def _output(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
@@ -73,24 +81,69 @@ CUDA_KERNELS: dict[str, CudaKernel] = {
                             {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32}),
     "cuda_regblock": CudaKernel("03_regblock.cu", "gemm_regblock",
                                 {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 8, "TM": 8, "TN": 8}),
+    "cuda_vec": CudaKernel("04_vec.cu", "gemm_vec",
+                           {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 8, "TM": 8, "TN": 8,
+                            "THREADS": 256}),
+    "cuda_warptile": CudaKernel("05_warptile.cu", "gemm_warptile",
+                                {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 16, "WARP_M": 64,
+                                 "WARP_N": 32, "TM": 8, "TN": 8, "THREADS": 256}),
+    "cuda_pipelined": CudaKernel("06_pipelined.cu", "gemm_pipelined",
+                                 {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 16, "WARP_M": 64,
+                                  "WARP_N": 32, "TM": 8, "TN": 8, "STAGES": 2, "THREADS": 128}),
+    "cuda_wmma": CudaKernel("07_wmma.cu", "gemm_wmma",
+                            {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "WARPS_M": 2,
+                             "THREADS": 256}, dtypes=(torch.float16, torch.bfloat16)),
+    "cuda_mma": CudaKernel("08_mma.cu", "gemm_mma",
+                           {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 32, "WARPS_M": 2,
+                            "STAGES": 4, "GROUP_M": 8, "THREADS": 256},
+                           dtypes=(torch.float16, torch.bfloat16)),
 }
 
 
 def _cuda_backend(name: str, summary: str) -> Backend:
     kernel = CUDA_KERNELS[name]
+    last = [None]  # the tuning.Choice of the latest call, for config()
 
-    def run(a, b, c, relu, allow_tf32, out):
-        return kernel(a, b, c, relu, _output(a, b, out))
+    def chosen(choice) -> CudaKernel:
+        return kernel if choice is None or choice.config is None else choice.config
 
-    return Backend(name, summary, run, dtypes=(torch.float32,), devices=("cuda",),
+    def run(a, b, c, relu, allow_tf32, out, choice=None):
+        last[0] = choice
+        return chosen(choice)(a, b, c, relu, _output(a, b, out))
+
+    def describe() -> str:
+        choice = last[0]
+        ran = chosen(choice)
+        text = f"{ran.source} " + " ".join(ran.defines())
+        return text if choice is None else f"{text} ({choice.note})"
+
+    return Backend(name, summary, run, dtypes=kernel.dtypes, devices=("cuda",),
                    fused_epilogue=True, tf32=False, strided=False, differentiable=False,
-                   max_numel=None, unavailable=cuda_unavailable_reason,
-                   config=lambda: f"{kernel.source} " + " ".join(kernel.defines()))
+                   max_numel=None, unavailable=cuda_unavailable_reason, config=describe,
+                   pin=lambda params: replace(kernel, params=dict(params)))
 
 
 def _triton_backend() -> Backend:
-    def run(a, b, c, relu, allow_tf32, out):
-        return triton_fused.run(a, b, c, relu, allow_tf32, _output(a, b, out))
+    last = [None]  # the tuning.Choice of the latest call, for config()
+
+    def run(a, b, c, relu, allow_tf32, out, choice=None):
+        last[0] = choice
+        return triton_fused.run(a, b, c, relu, allow_tf32, _output(a, b, out),
+                                config=None if choice is None else choice.config)
+
+    def describe() -> str:
+        choice = last[0]
+        if choice is None:
+            return triton_fused.last_config()
+        text = triton_fused.last_config() if choice.config is None else str(choice.config)
+        return f"{text} ({choice.note})"
+
+    def pin(config: dict):
+        import triton
+
+        tiles = {key: config[key] for key in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")}
+        return triton.Config(tiles, num_warps=config["num_warps"],
+                             num_stages=config["num_stages"])
 
     present = triton_fused is not None
     return Backend(
@@ -101,7 +154,7 @@ def _triton_backend() -> Backend:
         fused_epilogue=True, tf32=True, strided=True, differentiable=False,
         max_numel=triton_fused.MAX_NUMEL if present else None,
         unavailable=triton_fused.unavailable_reason if present else lambda: _TRITON_MISSING,
-        config=triton_fused.last_config if present else lambda: "")
+        config=describe if present else lambda: "", pin=pin if present else None)
 
 
 def _runs_everywhere() -> None:
@@ -120,6 +173,14 @@ LADDER: tuple[Backend, ...] = (
     _cuda_backend("cuda_naive", "one thread per output, operands straight from global memory"),
     _cuda_backend("cuda_smem", "shared-memory tiling: each operand loaded once per block"),
     _cuda_backend("cuda_regblock", "register blocking: a TM x TN sub-tile of D per thread"),
+    _cuda_backend("cuda_vec", "128-bit global loads and shared stores, A transposed, no bank "
+                  "conflicts"),
+    _cuda_backend("cuda_warptile", "a warp tile between the block tile and the thread tile"),
+    _cuda_backend("cuda_pipelined", "cp.async into multi-buffered shared memory: loads of tile "
+                  "k+1 overlap the math of tile k"),
+    _cuda_backend("cuda_wmma", "tensor cores through WMMA 16x16x16 fragments, fp32 accumulate"),
+    _cuda_backend("cuda_mma", "mma.sync m16n8k16 fed by ldmatrix from a swizzled 4-stage "
+                  "cp.async pipeline"),
     _triton_backend(),
 )
 BACKENDS: dict[str, Backend] = {b.name: b for b in LADDER}

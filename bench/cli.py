@@ -13,6 +13,8 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from . import tune
+
 NO_GPU_BANNER = ("No CUDA GPU found: running the CPU functional check only (small shapes; "
                  "cublas and torch_unfused run torch's CPU BLAS, triton_fused runs under the "
                  "Triton interpreter). Times below are CPU times, not GPU performance.")
@@ -38,6 +40,7 @@ def _prepare_backends(console: Console) -> bool:
 def cmd_bench(args: argparse.Namespace, console: Console) -> int:
     gpu = _prepare_backends(console)
     import backends
+    from backends.cuda import LAUNCHERS, pycuda_unavailable_reason
 
     from . import gemm_bench as gb
     from .results import collect_meta, write_results
@@ -66,15 +69,41 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
             console.print(f"skipped {name}: {status[name].reason}")
     names = [n for n in names if status[n].runs]
 
+    launchers = tuple(_csv(args.launcher))
+    if unknown := [x for x in launchers if x not in LAUNCHERS]:
+        console.print(f"error: unknown launcher {', '.join(unknown)}; known: "
+                      f"{', '.join(LAUNCHERS)}")
+        return 2
+    if "pycuda" in launchers and (why := pycuda_unavailable_reason()) is not None:
+        console.print(f"skipped launcher pycuda: {why}")
+        launchers = tuple(x for x in launchers if x != "pycuda")
+    if not launchers:
+        launchers = ("cupy",)
+
     timing = gb.Timing(args.warmup_ms, args.rep_ms, args.min_reps)
     with Progress(console=console, transient=True) as progress:
-        total = gb.count_rows(names, shapes, dtype_names, device, epilogues)
+        total = gb.count_rows(names, shapes, dtype_names, device, epilogues, launchers)
         task = progress.add_task("bench", total=total)
 
         def step(description: str) -> None:
             progress.update(task, description=description, advance=1)
 
-        rows = gb.run_sweep(names, shapes, dtype_names, device, timing, args.seed, epilogues, step)
+        rows = gb.run_sweep(names, shapes, dtype_names, device, timing, args.seed, epilogues, step,
+                            launchers)
+    extra = {}
+    if args.resources:
+        extra["resources"] = _resources_table(rows, device, console)
+    if args.roofline:
+        from .roofline import CEILING_SHAPE, measure_ceilings
+
+        if device.type != "cuda":
+            console.print("--roofline: no GPU here; the ceilings are measured on a GPU only")
+        else:
+            extra["ceilings"] = measure_ceilings(dtype_names, device, gb.DTYPES)
+            peaks = ", ".join(f"{k} {v:.1f} TFLOP/s" for k, v in
+                              extra["ceilings"]["peak_tflops"].items())
+            console.print(f"ceilings, this run: copy {extra['ceilings']['bandwidth_gbps']:.0f} "
+                          f"GB/s; cuBLAS at {CEILING_SHAPE}^3: {peaks}")
 
     title = "gemmlab bench" + ("" if gpu else "  [CPU functional check]")
     table = Table(title=title)
@@ -83,7 +112,9 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
         numeric = col not in ("backend", "dtype", "D =", "check")
         table.add_column(col, justify="right" if numeric else "left")
     for r in rows:
-        table.add_row(r["backend"], r["dtype"], gb.FORMULAS[r["epilogue"]],
+        label = r["backend"] + (f" ({r['launcher']})" if len(launchers) > 1 and r["launcher"]
+                                else "")
+        table.add_row(label, r["dtype"], gb.FORMULAS[r["epilogue"]],
                       str(r["M"]), str(r["N"]), str(r["K"]),
                       gb.fmt(r["ms"], ".4f"), gb.fmt(r["tflops"], ".2f"),
                       gb.fmt(r["pct_cublas"], ".1f"), gb.fmt(r["speedup_vs_torch_unfused"], ".2f"),
@@ -95,10 +126,64 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
         console.print(f"FAIL {r['backend']} {r['dtype']} {gb.FORMULAS[r['epilogue']]} "
                       f"{r['M']}x{r['N']}x{r['K']}: {why}")
     if args.out:
-        for path in write_results(args.out, collect_meta(), rows, gb.plot):
+        for path in write_results(args.out, collect_meta(), rows, gb.plot, **extra):
+            console.print(f"wrote {path}")
+        if "ceilings" in extra:
+            from .roofline import plot as plot_roofline
+
+            path = Path(args.out) / "roofline.png"
+            plot_roofline(rows, extra["ceilings"], gb.DTYPES, gb.EPILOGUES, path)
             console.print(f"wrote {path}")
     console.print(f"{len(rows) - len(failed)} of {len(rows)} rows passed the float64 check")
     return 1 if failed else 0
+
+
+def _resources_table(rows: list[dict], device: torch.device, console: Console) -> list[dict]:
+    """Registers, shared and local memory, threads and theoretical occupancy of every CUDA C
+    kernel configuration the rows ran (the tuned one where the table had an entry), beside its
+    best TFLOP/s; printed, and returned for results.json."""
+    import backends
+    from backends import tuning
+    from backends.cuda.resources import resources
+    from backends.registry import CUDA_KERNELS
+
+    from . import gemm_bench as gb
+
+    if device.type != "cuda":
+        console.print("--resources: no GPU here; resources are read from the compiled kernels "
+                      "on a GPU only")
+        return []
+    ran: dict[tuple, tuple] = {}  # (backend, dtype, tile sizes) -> (kernel, rows)
+    for r in rows:
+        if r["backend"] not in CUDA_KERNELS:
+            continue
+        dtype = gb.DTYPES[r["dtype"]][0]
+        choice = tuning.resolve(backends.BACKENDS[r["backend"]], device, dtype, False,
+                                r["M"], r["N"], r["K"])
+        kernel = choice.config or CUDA_KERNELS[r["backend"]]
+        key = r["backend"], r["dtype"], tuple(sorted(kernel.params.items()))
+        ran.setdefault(key, (kernel, []))[1].append(r)
+    report = []
+    for (name, dtype_name, _), (kernel, used) in ran.items():
+        dtype = gb.DTYPES[dtype_name][0]
+        best = max((r["tflops"] for r in used if r["tflops"] is not None), default=None)
+        report.append({"backend": name, "dtype": dtype_name,
+                       "config": " ".join(d[2:] for d in kernel.defines()),
+                       **resources(kernel, dtype, device.index or 0),
+                       "shapes": sorted({f"{r['M']}x{r['N']}x{r['K']}" for r in used}),
+                       "best_tflops": best})
+    table = Table(title="CUDA C kernels: resources of each configuration run, and its best "
+                        "TFLOP/s")
+    for col in ("backend", "dtype", "regs/thread", "static smem", "dynamic smem", "local B",
+                "threads", "blocks/SM", "occupancy", "best TFLOP/s", "config"):
+        table.add_column(col, justify="left" if col in ("backend", "dtype", "config") else "right")
+    for r in report:
+        table.add_row(r["backend"], r["dtype"], str(r["registers"]), str(r["static_smem"]),
+                      str(r["dynamic_smem"]), str(r["local_bytes"]), str(r["threads"]),
+                      str(r["blocks_per_sm"]), f"{r['occupancy']:.0%}",
+                      gb.fmt(r["best_tflops"], ".2f"), r["config"])
+    console.print(table)
+    return report
 
 
 def cmd_comm(args: argparse.Namespace, console: Console) -> int:
@@ -350,6 +435,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--rep-ms", type=float, default=100, help="timed repeats per row (ms)")
     bench.add_argument("--min-reps", type=int, default=10, help="fewest timed repeats per row")
     bench.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    bench.add_argument("--launcher", default="cupy",
+                       help="comma list of cupy, pycuda: what launches the CUDA C kernels "
+                       "(each gives its own rows)")
+    bench.add_argument("--resources", action="store_true",
+                       help="print registers, shared/local memory and occupancy per CUDA kernel")
+    bench.add_argument("--roofline", action="store_true",
+                       help="measure the ceilings in this run and draw roofline.png in --out")
     bench.add_argument("--out", help="directory for results.json, results.csv, results.png")
     bench.set_defaults(func=cmd_bench)
 
@@ -413,6 +505,8 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--reference", help="results.json of another run to compare the loss with")
     tr.add_argument("--out", help="directory for results.json (with a loss list), .csv, .png")
     tr.set_defaults(func=cmd_train)
+
+    tune.add_parser(sub)
 
     info = sub.add_parser("info", help="which backends run on this machine, and why not")
     info.set_defaults(func=cmd_info)

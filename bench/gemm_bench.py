@@ -12,6 +12,7 @@ napkin math beside each time) and siboehm/SGEMM_CUDA (GFLOP/s and % of cuBLAS pe
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,9 @@ from pathlib import Path
 import torch
 
 import backends
+from backends.cuda import use_launcher
 from backends.reference import TOLERANCES
+from backends.registry import CUDA_KERNELS
 
 from .timing import time_ms
 
@@ -79,29 +82,35 @@ def random_operand(*shape, dtype: torch.dtype, device: torch.device,
 
 
 def check_and_time(name: str, a, b, c, ref, dtype_name: str, epilogue: str,
-                   timing: Timing) -> dict:
-    """One row: check ``name`` against ``ref`` on a poisoned output, then time it if it passed."""
+                   timing: Timing, launcher: str = "") -> dict:
+    """One row: check ``name`` against ``ref`` on a poisoned output, then time it if it passed.
+    ``launcher`` (CUDA C backends only): ``"cupy"`` or ``"pycuda"``."""
     tf32 = DTYPES[dtype_name][1]
     activation = EPILOGUES[epilogue][1]
     m, n, k = a.shape[0], b.shape[1], a.shape[1]
-    row = {"backend": name, "dtype": dtype_name, "epilogue": epilogue, "M": m, "N": n, "K": k,
-           "ms": None, "tflops": None, "pct_cublas": None, "speedup_vs_torch_unfused": None,
-           "rel_err": None, "tol": TOLERANCES[dtype_name], "ok": False, "config": "", "error": ""}
+    row = {"backend": name, "launcher": launcher, "dtype": dtype_name, "epilogue": epilogue,
+           "M": m, "N": n, "K": k, "ms": None, "tflops": None, "pct_cublas": None,
+           "speedup_vs_torch_unfused": None, "rel_err": None, "tol": TOLERANCES[dtype_name],
+           "ok": False, "config": "", "error": ""}
     out = torch.full((m, n), float("nan"), dtype=a.dtype, device=a.device)
-    try:
-        backends.gemm(a, b, c, activation=activation, backend=name, out=out, allow_tf32=tf32)
-    except Exception as exc:  # a broken backend is a FAIL row, not the end of the sweep
-        row["error"] = f"{type(exc).__name__}: {exc}"
-        return row
-    err = backends.relative_error(out, ref)
-    row.update(rel_err=err, ok=err <= row["tol"], config=backends.BACKENDS[name].config())
-    del out
-    if row["ok"]:
-        ms = time_ms(lambda: backends.gemm(a, b, c, activation=activation, backend=name,
-                                           allow_tf32=tf32),
-                     a.device, warmup_ms=timing.warmup_ms, rep_ms=timing.rep_ms,
-                     min_reps=timing.min_reps)
-        row.update(ms=ms, tflops=2 * m * n * k / (ms * 1e-3) / 1e12)
+
+    def call(out=None):
+        return backends.gemm(a, b, c, activation=activation, backend=name, out=out,
+                             allow_tf32=tf32)
+
+    with use_launcher(launcher) if launcher else contextlib.nullcontext():
+        try:
+            call(out)
+        except Exception as exc:  # a broken backend is a FAIL row, not the end of the sweep
+            row["error"] = f"{type(exc).__name__}: {exc}"
+            return row
+        err = backends.relative_error(out, ref)
+        row.update(rel_err=err, ok=err <= row["tol"], config=backends.BACKENDS[name].config())
+        del out
+        if row["ok"]:
+            ms = time_ms(call, a.device, warmup_ms=timing.warmup_ms, rep_ms=timing.rep_ms,
+                         min_reps=timing.min_reps)
+            row.update(ms=ms, tflops=2 * m * n * k / (ms * 1e-3) / 1e12)
     return row
 
 
@@ -119,10 +128,18 @@ def add_ratios(rows: list[dict]) -> None:
             r["speedup_vs_torch_unfused"] = unfused / r["ms"]
 
 
+def launchers_of(name: str, launchers: tuple[str, ...]) -> tuple[str, ...]:
+    """The launchers a backend runs under: each of ``launchers`` for a CUDA C kernel, one
+    unnamed (``""``) for the others."""
+    return launchers if name in CUDA_KERNELS else ("",)
+
+
 def run_sweep(names: list[str], shapes: list[tuple[int, int, int]], dtype_names: list[str],
               device: torch.device, timing: Timing, seed: int = 0,
-              epilogues: tuple[str, ...] = ("relu_c",), progress=None) -> list[dict]:
-    """Check and time every (shape, dtype, epilogue, backend) the backend supports on ``device``.
+              epilogues: tuple[str, ...] = ("relu_c",), progress=None,
+              launchers: tuple[str, ...] = ("cupy",)) -> list[dict]:
+    """Check and time every (shape, dtype, epilogue, backend) the backend supports on ``device``;
+    the CUDA C backends once per launcher in ``launchers``.
 
     Every backend of one (shape, dtype, epilogue) sees the same fresh random inputs.
     ``progress``, if given, is called with a short description before each row.
@@ -145,18 +162,23 @@ def run_sweep(names: list[str], shapes: list[tuple[int, int, int]], dtype_names:
                     *c_shape, dtype=dtype, device=device, generator=generator)
                 ref = backends.reference(a, b, c, activation)
                 for name in chosen:
-                    if progress is not None:
-                        progress(f"{name} {dtype_name} {FORMULAS[epilogue]} {m}x{n}x{k}")
-                    rows.append(check_and_time(name, a, b, c, ref, dtype_name, epilogue, timing))
+                    for launcher in launchers_of(name, launchers):
+                        if progress is not None:
+                            progress(f"{name} {launcher} {dtype_name} {FORMULAS[epilogue]} "
+                                     f"{m}x{n}x{k}")
+                        rows.append(check_and_time(name, a, b, c, ref, dtype_name, epilogue,
+                                                   timing, launcher))
                 del c, ref
     add_ratios(rows)
     return rows
 
 
-def count_rows(names, shapes, dtype_names, device, epilogues=("relu_c",)) -> int:
+def count_rows(names, shapes, dtype_names, device, epilogues=("relu_c",),
+               launchers=("cupy",)) -> int:
     """How many rows ``run_sweep`` will produce (for the progress bar)."""
-    return len(shapes) * len(epilogues) * sum(supports(backends.BACKENDS[x], d, device)
-                                              for x in names for d in dtype_names)
+    return len(shapes) * len(epilogues) * sum(
+        len(launchers_of(x, launchers)) * supports(backends.BACKENDS[x], d, device)
+        for x in names for d in dtype_names)
 
 
 def plot(rows: list[dict], path: Path) -> None:

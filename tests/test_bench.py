@@ -4,6 +4,7 @@ timing; a failing backend is FAIL and never ranked)."""
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -61,7 +62,7 @@ def test_cpu_bench_end_to_end(tmp_path):
     for r in rows:
         assert r["ok"] and r["rel_err"] <= r["tol"] and r["ms"] > 0 and r["tflops"] > 0
     csv_lines = (tmp_path / "results.csv").read_text().splitlines()
-    assert csv_lines[0].startswith("backend,dtype,epilogue,M,N,K,ms,tflops")
+    assert csv_lines[0].startswith("backend,launcher,dtype,epilogue,M,N,K,ms,tflops")
     assert len(csv_lines) == len(rows) + 1
     assert (tmp_path / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -137,3 +138,45 @@ def test_git_commit_prefers_the_commit_a_copied_tree_names(monkeypatch):
     assert git_commit() == "0123abc"
     monkeypatch.delenv("GEMMLAB_GIT_COMMIT")
     assert git_commit() != "0123abc"
+
+
+def test_roofline_intensity_and_plot(tmp_path):
+    from bench import gemm_bench as gb
+    from bench import roofline
+
+    row = {"backend": "cublas", "dtype": "fp16", "epilogue": "relu_c", "M": 4096, "N": 4096,
+           "K": 4096, "tflops": 600.0}
+    # A, B, C and D of 4096^2 fp16 each: 4 * 32 MiB moved for 2 * 4096^3 FLOP.
+    assert roofline.min_bytes(row, 2, "full") == 4 * 4096 * 4096 * 2
+    assert roofline.intensity(row, 2, "full") == 2 * 4096**3 / (4 * 4096 * 4096 * 2)
+    assert roofline.min_bytes(row, 2, "bias") == 2 * (3 * 4096 * 4096 + 4096)
+    ceilings = {"bandwidth_gbps": 4000.0, "peak_tflops": {"fp16": 660.0, "fp32": 50.0}}
+    rows = [row, {**row, "backend": "cuda_regblock", "dtype": "fp32", "tflops": 30.0},
+            {**row, "backend": "cuda_naive", "tflops": None}]
+    path = tmp_path / "roofline.png"
+    roofline.plot(rows, ceilings, gb.DTYPES, gb.EPILOGUES, path)
+    assert path.stat().st_size > 10_000
+
+
+def test_launcher_choice_is_checked():
+    from backends.cuda import pycuda_unavailable_reason, use_launcher
+
+    with pytest.raises(ValueError, match="unknown launcher 'numba'; known: cupy, pycuda"):
+        with use_launcher("numba"):
+            pass
+    if (why := pycuda_unavailable_reason()) is not None:
+        with pytest.raises(RuntimeError, match="launcher pycuda: " + re.escape(why)):
+            with use_launcher("pycuda"):
+                pass
+    result = gemmlab("bench", "--shapes", "3", "--launcher", "numba")
+    assert result.returncode == 2 and "unknown launcher numba" in result.stdout
+
+
+@pytest.mark.skipif(HAS_GPU, reason="the CPU functional check runs only without a GPU")
+def test_cpu_bench_says_what_gpu_only_options_need():
+    result = gemmlab("bench", "--shapes", "3", "--rep-ms", "2", "--backends", "cublas",
+                     "--launcher", "cupy,pycuda", "--resources", "--roofline")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "skipped launcher pycuda: no CUDA GPU visible to torch" in result.stdout
+    assert "--resources: no GPU here" in result.stdout
+    assert "--roofline: no GPU here" in result.stdout

@@ -7,6 +7,9 @@ from conftest import HAS_GPU, assert_matches_reference, random_inputs
 
 import backends
 from backends import gemm
+from backends.cuda import pycuda_unavailable_reason, use_launcher
+from backends.cuda.resources import resources
+from backends.registry import CUDA_KERNELS
 
 pytestmark = pytest.mark.gpu
 SHAPES = [(1, 1, 1), (17, 33, 65), (127, 129, 3), (3, 1025, 7), (257, 1, 513),
@@ -30,7 +33,8 @@ def test_launches_follow_torchs_current_stream(backend, rng):
     """Inputs written by a long copy on a side stream must be seen by the GEMM queued after
     it on that stream: a launch on another stream would race and read stale data."""
     m = n = k = 2048
-    a, b, c = random_inputs(m, n, k, torch.float32, "cuda", "full", rng)
+    dtype = backends.BACKENDS[backend].dtypes[0]
+    a, b, c = random_inputs(m, n, k, dtype, "cuda", "full", rng)
     big = torch.randn(64 << 20, device="cuda")
     a_stale = torch.zeros_like(a)
     side = torch.cuda.Stream()
@@ -65,3 +69,36 @@ def test_triton_rejects_operands_beyond_32_bit_offsets():
     b = torch.ones(1, 1, dtype=torch.float16, device="cuda")
     with pytest.raises(ValueError, match="indexes at most 2147483647 elements"):
         gemm(a, b, backend="triton_fused")
+
+
+@pytest.mark.parametrize("name", sorted(CUDA_KERNELS))
+def test_pycuda_launch_gives_the_cupy_result(name, rng):
+    if (why := pycuda_unavailable_reason()) is not None:
+        pytest.skip(why)
+    dtype = CUDA_KERNELS[name].dtypes[-1]
+    a, b, c = random_inputs(1000, 1999, 777, dtype, "cuda", "full", rng)
+    via_cupy = gemm(a, b, c, activation="relu", backend=name)
+    via_pycuda = torch.full_like(via_cupy, float("nan"))
+    with use_launcher("pycuda"):
+        gemm(a, b, c, activation="relu", backend=name, out=via_pycuda)
+    assert torch.equal(via_pycuda, via_cupy)
+
+
+def test_pycuda_refuses_a_side_stream(rng):
+    if (why := pycuda_unavailable_reason()) is not None:
+        pytest.skip(why)
+    a, b, c = random_inputs(64, 64, 64, torch.float32, "cuda", "full", rng)
+    with use_launcher("pycuda"), torch.cuda.stream(torch.cuda.Stream()):
+        with pytest.raises(RuntimeError, match="default stream only"):
+            gemm(a, b, c, backend="cuda_regblock")
+
+
+@pytest.mark.parametrize("name", sorted(CUDA_KERNELS))
+def test_resources_come_from_the_compiled_kernel(name):
+    kernel = CUDA_KERNELS[name]
+    for dtype in kernel.dtypes:
+        r = resources(kernel, dtype, torch.cuda.current_device())
+        assert r["threads"] == kernel.threads[0] * kernel.threads[1]
+        assert 0 < r["registers"] <= 255 and r["blocks_per_sm"] >= 1
+        assert 0 < r["occupancy"] <= 1
+        assert r["local_bytes"] == 0, f"{name} {dtype}: spills or a stack frame"

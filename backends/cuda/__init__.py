@@ -7,18 +7,26 @@ registry uses, so ``nvcc -arch=sm_90 -cubin NN_name.cu`` builds the same kernel.
 
 Every kernel has the signature::
 
-    (const float* A, const float* B, const float* C, float* D,
+    (const elem_t* A, const elem_t* B, const elem_t* C, elem_t* D,
      int M, int N, int K, long long ldc, int relu)
 
 with row-major contiguous A (M, K), B (K, N) and D (M, N); C is NULL, a full (M, N) matrix
-(``ldc = N``) or a length-N bias (``ldc = 0``). A thread block of
-``(BLOCK_N // TN, BLOCK_M // TM)`` threads computes a ``BLOCK_M x BLOCK_N`` tile of D, on a
-grid of ``(cdiv(N, BLOCK_N), cdiv(M, BLOCK_M))`` blocks.
+(``ldc = N``) or a length-N bias (``ldc = 0``). ``elem_t`` (``common.cuh``) is float, or
+``__half`` / ``__nv_bfloat16`` when the launcher compiles with ``-DGEMM_FP16`` /
+``-DGEMM_BF16`` for 16-bit operands (accumulation stays fp32). A thread block computes a
+``BLOCK_M x BLOCK_N`` tile of D, on a grid of ``(cdiv(N, BLOCK_N), cdiv(M, BLOCK_M))``
+blocks; it has ``THREADS`` threads along x when the kernel's parameters define ``THREADS``,
+else ``(BLOCK_N // TN, BLOCK_M // TM)``. A kernel that needs more than the 48 KiB of static
+shared memory declares ``extern __shared__`` memory and its size in bytes as
+``extern "C" __constant__ int gemm_dynamic_smem``; the launcher reads it after compiling.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
+import shutil
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +35,8 @@ import torch
 
 SOURCE_DIR = Path(__file__).resolve().parent
 _MAX_GRID_Y = 65535  # CUDA's limit on gridDim.y, which runs over the tiles along M
+_DTYPE_DEFINES = {torch.float32: (), torch.float16: ("-DGEMM_FP16",),
+                  torch.bfloat16: ("-DGEMM_BF16",)}
 
 
 @functools.cache
@@ -50,17 +60,22 @@ class CudaKernel:
         source: file name in ``backends/cuda/``, e.g. ``"03_regblock.cu"``.
         name: the ``extern "C"`` kernel in it.
         params: macros passed as ``-DNAME=value``; must hold ``BLOCK_M`` and ``BLOCK_N``,
-            may hold ``TM`` and ``TN`` (rows and columns of D per thread, default 1).
+            may hold ``TM`` and ``TN`` (rows and columns of D per thread, default 1) or
+            ``THREADS`` (a 1-D block of that many threads).
+        dtypes: operand dtypes it is built for (float32, or float16 and bfloat16).
     """
 
     source: str
     name: str
     params: dict[str, int] = field(default_factory=dict)
+    dtypes: tuple[torch.dtype, ...] = (torch.float32,)
 
     @property
     def threads(self) -> tuple[int, int]:
-        """Thread block shape (x along N, y along M)."""
+        """Thread block shape (x, y)."""
         p = self.params
+        if "THREADS" in p:
+            return p["THREADS"], 1
         return p["BLOCK_N"] // p.get("TN", 1), p["BLOCK_M"] // p.get("TM", 1)
 
     def grid(self, m: int, n: int) -> tuple[int, int]:
@@ -68,23 +83,30 @@ class CudaKernel:
         p = self.params
         return -(-n // p["BLOCK_N"]), -(-m // p["BLOCK_M"])
 
-    def defines(self) -> tuple[str, ...]:
-        """The ``-D`` compiler options that fix the tile sizes."""
-        return tuple(f"-D{k}={v}" for k, v in sorted(self.params.items()))
+    def defines(self, dtype: torch.dtype = torch.float32) -> tuple[str, ...]:
+        """The ``-D`` compiler options that fix the tile sizes and the element type."""
+        return (*(f"-D{k}={v}" for k, v in sorted(self.params.items())),
+                *_DTYPE_DEFINES[dtype])
+
+    def compiled(self, dtype: torch.dtype, device: int):
+        """The compiled kernel (a ``cupy.RawKernel``-like function) and its dynamic shared
+        memory in bytes, for ``dtype`` operands on ``device``."""
+        return _compiled(self.source, self.name, self.defines(dtype), device)
 
     def __call__(self, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None,
                  relu: bool, out: torch.Tensor) -> torch.Tensor:
         """Launch D = act(A @ B + C) into ``out`` on torch's current stream.
 
-        ``a`` (M, K), ``b`` (K, N) and ``out`` (M, N) are contiguous float32 CUDA tensors on one
-        device, ``c`` is None, contiguous (M, N) or (N,); ``gemm()`` has checked all of that.
-        Pointers are passed as integers: no copy, CuPy never owns the memory.
+        ``a`` (M, K), ``b`` (K, N) and ``out`` (M, N) are contiguous CUDA tensors of one of
+        ``dtypes`` on one device, ``c`` is None, contiguous (M, N) or (N,); ``gemm()`` has
+        checked all of that.
+        Pointers are passed as integers: no copy, the launcher never owns the memory. The
+        launcher is CuPy unless ``use_launcher("pycuda")`` is in effect.
 
         Raises:
             ValueError: M needs more than 65535 thread blocks along gridDim.y.
+            RuntimeError: the PyCUDA launcher on a stream other than the default one.
         """
-        import cupy
-
         m, k = a.shape
         n = b.shape[1]
         grid = self.grid(m, n)
@@ -92,14 +114,58 @@ class CudaKernel:
             raise ValueError(f"{self.name}: M={m} needs {grid[1]} blocks along gridDim.y "
                              f"(limit {_MAX_GRID_Y}) at BLOCK_M={self.params['BLOCK_M']}")
         device = a.device.index if a.device.index is not None else torch.cuda.current_device()
-        kernel = _compiled(self.source, self.name, self.defines(), device)
         ldc = 0 if c is None or c.dim() == 1 else n
         args = (a.data_ptr(), b.data_ptr(), 0 if c is None else c.data_ptr(), out.data_ptr(),
-                cupy.int32(m), cupy.int32(n), cupy.int32(k), cupy.int64(ldc), cupy.int32(relu))
+                m, n, k, ldc, int(relu))
+        if _LAUNCHER.get() == "pycuda":
+            from .pycuda_launch import launch
+
+            launch(self, a.dtype, device, grid, args)
+            return out
+        import cupy
+
+        kernel, smem = self.compiled(a.dtype, device)
+        args = (*args[:4], cupy.int32(m), cupy.int32(n), cupy.int32(k), cupy.int64(ldc),
+                cupy.int32(relu))
         stream = _stream(torch.cuda.current_stream(device).cuda_stream, device)
         with cupy.cuda.Device(device), stream:
-            kernel(grid, self.threads, args)
+            kernel(grid, self.threads, args, shared_mem=smem)
         return out
+
+
+LAUNCHERS = ("cupy", "pycuda")
+_LAUNCHER: contextvars.ContextVar[str] = contextvars.ContextVar("launcher", default="cupy")
+
+
+@contextlib.contextmanager
+def use_launcher(name: str):
+    """Launch the CUDA C kernels through ``name`` (``"cupy"`` or ``"pycuda"``) inside.
+
+    Raises:
+        ValueError: an unknown launcher.
+        RuntimeError: PyCUDA asked for but not installed (``pycuda_unavailable_reason``).
+    """
+    if name not in LAUNCHERS:
+        raise ValueError(f"unknown launcher {name!r}; known: {', '.join(LAUNCHERS)}")
+    if name == "pycuda" and (why := pycuda_unavailable_reason()) is not None:
+        raise RuntimeError(f"launcher pycuda: {why}")
+    token = _LAUNCHER.set(name)
+    try:
+        yield
+    finally:
+        _LAUNCHER.reset(token)
+
+
+@functools.cache
+def pycuda_unavailable_reason() -> str | None:
+    """Why the PyCUDA launcher cannot run here, or None when it can."""
+    if (why := cuda_unavailable_reason()) is not None:
+        return why
+    try:
+        import pycuda.driver  # noqa: F401  (the import is the check)
+    except ImportError as exc:
+        return f"PyCUDA is not installed ({exc}); install gemmlab[pycuda]"
+    return None
 
 
 def compile_options(arch: str, defines: tuple[str, ...]) -> tuple[str, ...]:
@@ -108,17 +174,38 @@ def compile_options(arch: str, defines: tuple[str, ...]) -> tuple[str, ...]:
 
 
 @functools.cache
+def _toolkit_includes() -> tuple[str, ...]:
+    """``-I`` options that let NVRTC find cuda_fp16.h, cuda_bf16.h and mma.h with the crt/
+    headers mma.h includes: CuPy's CUDA path (which may be a pip wheel without crt/), then the
+    toolkit of the nvcc on PATH."""
+    import cupy
+
+    roots = [cupy.cuda.get_cuda_path()]
+    if (nvcc := shutil.which("nvcc")) is not None:
+        roots.append(str(Path(nvcc).resolve().parent.parent))
+    return tuple(f"-I{Path(root) / 'include'}" for root in roots
+                 if root is not None and (Path(root) / "include").is_dir())
+
+
+@functools.cache
 def _compiled(source: str, name: str, defines: tuple[str, ...], device: int):
-    """Compile once per (source, tile sizes, device) for the device's own architecture
+    """Compile once per (source, tile sizes, dtype, device) for the device's own architecture
     (sm_90 on H200). CuPy also caches the binary on disk, so a second process skips NVRTC.
-    """
+    Returns the function and its dynamic shared memory in bytes."""
     import cupy
 
     major, minor = torch.cuda.get_device_capability(device)
+    code = (SOURCE_DIR / source).read_text()
+    options = compile_options(f"sm_{major}{minor}", defines) + _toolkit_includes()
     with cupy.cuda.Device(device):
-        module = cupy.RawModule(code=(SOURCE_DIR / source).read_text(),
-                                options=compile_options(f"sm_{major}{minor}", defines))
-        return module.get_function(name)
+        module = cupy.RawModule(code=code, options=options)
+        function = module.get_function(name)
+        smem = 0
+        if "gemm_dynamic_smem" in code:
+            smem = int(cupy.ndarray((1,), cupy.int32,
+                                    memptr=module.get_global("gemm_dynamic_smem")).get()[0])
+            function.max_dynamic_shared_size_bytes = smem
+        return function, smem
 
 
 @functools.cache

@@ -1,0 +1,76 @@
+"""The ladder's ``.cu`` sources launched through PyCUDA instead of CuPy.
+
+Same sources, same ``-D`` tile sizes, same launch geometry and arguments as the CuPy path
+(``CudaKernel.__call__``); only the compiler (nvcc through ``pycuda.compiler.SourceModule``
+instead of NVRTC) and the launch call differ, so the two can be compared result for result
+and time for time. PyCUDA works in the device's primary context, the one PyTorch and CuPy
+use, so the three share memory pointers.
+
+PyCUDA launches on its own ``Stream`` objects and cannot wrap another library's stream, so
+this launcher runs only on the default stream (torch's current stream unless a side stream is
+selected); anything else is an error rather than a silent reordering.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import torch
+
+from . import SOURCE_DIR, CudaKernel, compile_options
+
+
+@functools.cache
+def _context(device: int):
+    """The primary context of ``device``, retained once (PyCUDA's handle on it)."""
+    import pycuda.driver as drv
+
+    drv.init()
+    return drv.Device(device).retain_primary_context()
+
+
+@functools.cache
+def _compiled(source: str, name: str, defines: tuple[str, ...], device: int):
+    """(function, dynamic shared memory bytes), compiled by nvcc for ``device``'s arch."""
+    import pycuda.driver as drv
+    from pycuda.compiler import SourceModule
+
+    major, minor = torch.cuda.get_device_capability(device)
+    options = [o for o in compile_options(f"sm_{major}{minor}", defines)
+               if not o.startswith("-arch=")]
+    code = (SOURCE_DIR / source).read_text()
+    # no_extern_c: the sources declare their kernels extern "C" themselves.
+    module = SourceModule(code, options=options, arch=f"sm_{major}{minor}", no_extern_c=True)
+    function = module.get_function(name)
+    smem = 0
+    if "gemm_dynamic_smem" in code:
+        pointer, _ = module.get_global("gemm_dynamic_smem")
+        value = np.zeros(1, np.int32)
+        drv.memcpy_dtoh(value, pointer)
+        smem = int(value[0])
+        function.set_attribute(drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
+    return function, smem
+
+
+def launch(kernel: CudaKernel, dtype: torch.dtype, device: int, grid: tuple[int, int],
+           args: tuple) -> None:
+    """Launch ``kernel`` for ``dtype`` operands on ``device`` with the launcher-neutral
+    ``args`` (four pointers, M, N, K, ldc, relu) on the default stream.
+
+    Raises:
+        RuntimeError: torch's current stream is not the default stream.
+    """
+    if torch.cuda.current_stream(device).cuda_stream != 0:
+        raise RuntimeError("the PyCUDA launcher runs on the default stream only; torch's "
+                           "current stream is a side stream")
+    context = _context(device)
+    context.push()
+    try:
+        function, smem = _compiled(kernel.source, kernel.name, kernel.defines(dtype), device)
+        a, b, c, d, m, n, k, ldc, relu = args
+        function(np.uintp(a), np.uintp(b), np.uintp(c), np.uintp(d), np.int32(m), np.int32(n),
+                 np.int32(k), np.int64(ldc), np.int32(relu), block=(*kernel.threads, 1),
+                 grid=grid, shared=smem)
+    finally:
+        context.pop()

@@ -1,0 +1,447 @@
+"""``gemmlab tune``: grid search over the configurations of triton_fused and the cuda_*
+backends; the fastest per (GPU, backend, dtype, shape bucket) goes into the tuned table
+(``backends/tuning.py``) that ``gemm()`` and ``gemmlab bench`` then use.
+
+For each shape x dtype, fresh random A, B and a full C feed every backend; the op is
+D = ReLU(A @ B + C). Each backend's default configuration (Triton's autotuner, the registry's
+tile sizes) is checked and timed first, then every candidate of its search space in a seeded
+random order: written into an output poisoned with NaN, compared with the float64 reference
+(relative Frobenius error, tolerance by dtype), and timed (``bench.timing.time_ms``) only if
+it passed. A candidate that does not compile (a ``static_assert``, too much shared memory) or
+launch is counted as failed, one with a wrong result as rejected: neither is ever stored. The
+best candidate is stored when it is at least as fast as the default measured in the same run.
+The search follows siboehm/SGEMM_CUDA's autotuner scripts (a grid over the compile-time tile
+sizes, every variant checked) and ``triton.autotune``'s config lists.
+
+``backends`` is imported inside the functions: the CLI must switch the Triton interpreter on
+(no GPU) before the Triton kernel is first imported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import itertools
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from .results import git_commit
+from .timing import time_ms
+
+# triton_fused on a GPU. BLOCK_K depends on the operand type: 16-bit and TF32 operands feed
+# the tensor cores in K steps of 32-64; IEEE fp32 runs on the FMA units, with smaller steps.
+TRITON_SPACE = {"BLOCK_M": (64, 128, 256), "BLOCK_N": (64, 128, 256), "GROUP_M": (4, 8),
+                "num_warps": (4, 8), "num_stages": (2, 3, 4, 5)}
+TRITON_BLOCK_K = {"fp32": (16, 32), "tf32": (32, 64), "fp16": (32, 64), "bf16": (32, 64)}
+# Under the interpreter times are CPU times of a Python simulation: a tiny space keeps a CPU
+# run (and the tests) to seconds.
+INTERPRETER_SPACE = {"BLOCK_M": (16, 32), "BLOCK_N": (16, 32), "BLOCK_K": (16,),
+                     "GROUP_M": (4,), "num_warps": (4,), "num_stages": (1,)}
+# A thread can hold 255 registers; an fp32 accumulator of more than 128 per thread leaves too
+# few for operands and addresses, and spills.
+MAX_ACC_PER_THREAD = 128
+MAX_THREADS = 1024  # CUDA's limit per thread block
+
+
+def _no_dependent_macros(params: dict[str, int]) -> dict[str, int]:
+    return {}
+
+
+@dataclass(frozen=True)
+class CudaSpace:
+    """The compile-time macros to sweep for one CUDA C kernel.
+
+    Attributes:
+        macros: each swept macro and its values; the space is their Cartesian product.
+        derive: from one combination, the macros that follow from it (e.g. ``THREADS`` from
+            the block and warp tiles), added to it.
+    """
+
+    macros: dict[str, tuple[int, ...]]
+    derive: Callable[[dict[str, int]], dict[str, int]] = _no_dependent_macros
+
+
+# Keyed by backend name. Each space holds the registry's default macros (the tests check it),
+# so the default is a candidate too; a kernel's static_asserts reject what does not fit.
+def _warp_tiles(p: dict[str, int]) -> dict[str, int]:
+    """WARP_N such that a warp's 32 lanes tile WARP_M x WARP_N with TM x TN each, and the
+    THREADS of BLOCK_M x BLOCK_N such warps (cuda_warptile, cuda_pipelined)."""
+    warp_n = 32 * p["TM"] * p["TN"] // p["WARP_M"]
+    return {"WARP_N": warp_n,
+            "THREADS": 32 * (p["BLOCK_M"] // p["WARP_M"]) * max(p["BLOCK_N"] // warp_n, 1)}
+
+
+CUDA_SPACES: dict[str, CudaSpace] = {
+    "cuda_naive": CudaSpace({"BLOCK_M": (4, 8, 16, 32), "BLOCK_N": (16, 32, 64, 128)}),
+    # One element of each input tile per thread: the tiles are square.
+    "cuda_smem": CudaSpace({"BLOCK_M": (8, 16, 32)},
+                           lambda p: {"BLOCK_N": p["BLOCK_M"], "BLOCK_K": p["BLOCK_M"]}),
+    "cuda_regblock": CudaSpace({"BLOCK_M": (64, 128), "BLOCK_N": (64, 128), "BLOCK_K": (8, 16),
+                                "TM": (4, 8), "TN": (4, 8)}),
+    "cuda_vec": CudaSpace({"BLOCK_M": (64, 128), "BLOCK_N": (64, 128), "BLOCK_K": (8, 16),
+                           "TM": (4, 8), "TN": (4, 8)},
+                          lambda p: {"THREADS": p["BLOCK_M"] // p["TM"] * p["BLOCK_N"] // p["TN"]}),
+    "cuda_warptile": CudaSpace({"BLOCK_M": (64, 128), "BLOCK_N": (64, 128), "BLOCK_K": (8, 16),
+                                "WARP_M": (32, 64), "TM": (8,), "TN": (4, 8)}, _warp_tiles),
+    "cuda_pipelined": CudaSpace({"BLOCK_M": (64, 128), "BLOCK_N": (64, 128), "BLOCK_K": (8, 16),
+                                 "WARP_M": (32, 64), "TM": (8,), "TN": (8,), "STAGES": (2, 3)},
+                                _warp_tiles),
+    "cuda_wmma": CudaSpace({"BLOCK_M": (128, 256), "BLOCK_N": (128,), "BLOCK_K": (16, 32),
+                            "WARPS_M": (2, 4), "THREADS": (256,)}),
+    "cuda_mma": CudaSpace({"BLOCK_M": (128, 256), "BLOCK_N": (128, 256), "BLOCK_K": (32, 64),
+                           "WARPS_M": (2, 4), "STAGES": (3, 4), "GROUP_M": (8,),
+                           "THREADS": (256,)}),
+}
+# Without a GPU: one tiny shape, so the Triton interpreter gets through the space in seconds.
+CPU_SHAPES = [(64, 64, 64)]
+
+
+def triton_space(dtype_name: str, smem_bytes: int | None = None,
+                 interpreted: bool = False) -> list[dict[str, int]]:
+    """triton_fused's candidates for ``dtype_name`` (fp32, tf32, fp16, bf16), as tuned-table
+    configs (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages).
+
+    On a GPU (``interpreted=False``) ``TRITON_SPACE`` with ``TRITON_BLOCK_K``, less the
+    configs that cannot fit: the operand tiles of all stages,
+    (BLOCK_M + BLOCK_N) * BLOCK_K * bytes * num_stages, above ``smem_bytes`` (when given),
+    or more than ``MAX_ACC_PER_THREAD`` accumulator elements per thread. Under the Triton
+    interpreter, ``INTERPRETER_SPACE``.
+    """
+    space = INTERPRETER_SPACE if interpreted else {**TRITON_SPACE,
+                                                   "BLOCK_K": TRITON_BLOCK_K[dtype_name]}
+    size = 2 if dtype_name in ("fp16", "bf16") else 4  # TF32 operands are stored as fp32
+    configs = [dict(zip(space, values)) for values in itertools.product(*space.values())]
+    if interpreted:
+        return configs
+    return [c for c in configs
+            if (smem_bytes is None or (c["BLOCK_M"] + c["BLOCK_N"]) * c["BLOCK_K"] * size
+                * c["num_stages"] <= smem_bytes)
+            and c["BLOCK_M"] * c["BLOCK_N"] <= MAX_ACC_PER_THREAD * 32 * c["num_warps"]]
+
+
+def cuda_space(name: str) -> list[dict[str, int]]:
+    """The candidates of CUDA C backend ``name``: every combination of ``CUDA_SPACES[name]``
+    with its dependent macros, less those with more than 1024 threads per block.
+
+    Raises:
+        KeyError: ``name`` has no entry in ``CUDA_SPACES``.
+    """
+    from backends.cuda import CudaKernel
+
+    space = CUDA_SPACES[name]
+    configs = []
+    for values in itertools.product(*space.macros.values()):
+        params = dict(zip(space.macros, values))
+        params |= space.derive(params)
+        x, y = CudaKernel("", "", params).threads
+        if x * y <= MAX_THREADS:
+            configs.append(params)
+    return configs
+
+
+def smem_limit(device: torch.device) -> int | None:
+    """Shared memory one thread block may use on ``device``, in bytes (opt-in maximum: 227 KiB
+    on an H200); None on the CPU."""
+    if device.type != "cuda":
+        return None
+    props = torch.cuda.get_device_properties(device)
+    return getattr(props, "shared_memory_per_block_optin", props.shared_memory_per_block)
+
+
+def search_space(name: str, dtype_name: str, device: torch.device) -> list[dict[str, int]]:
+    """The candidates of backend ``name`` for ``dtype_name`` on ``device``.
+
+    Raises:
+        KeyError: a backend without a search space (not triton_fused, not in CUDA_SPACES).
+    """
+    if name == "triton_fused":
+        return triton_space(dtype_name, smem_limit(device), interpreted=device.type == "cpu")
+    return cuda_space(name)
+
+
+def tunable() -> list[str]:
+    """Backends with a search space here and a ``pin`` in the registry, in ladder order."""
+    import backends
+
+    return [b.name for b in backends.LADDER
+            if b.pin is not None and (b.name == "triton_fused" or b.name in CUDA_SPACES)]
+
+
+def _measure(run: Callable[[], object], out: torch.Tensor, ref: torch.Tensor, tol: float,
+             device: torch.device, warmup_ms: float, rep_ms: float,
+             min_reps: int) -> tuple[str, float | None, str]:
+    """Check ``run`` (which writes D into ``out``) on a NaN-poisoned ``out``, then time it if
+    it passed. Returns ("ok", ms, "") or ("failed" | "rejected", None, why)."""
+    from backends import relative_error
+
+    out.fill_(float("nan"))
+    try:
+        run()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)  # an asynchronous launch error surfaces here
+    except Exception as exc:  # does not compile or launch: skipped and counted, not fatal
+        return "failed", None, f"{type(exc).__name__}: {exc}"
+    err = relative_error(out, ref)
+    if not err <= tol:
+        return "rejected", None, f"relative error {err:.2e} > tolerance {tol:.0e}"
+    return "ok", time_ms(run, device, warmup_ms=warmup_ms, rep_ms=rep_ms, min_reps=min_reps), ""
+
+
+def _operands(m: int, n: int, k: int, dtype_name: str, device: torch.device,
+              generator: torch.Generator) -> tuple[torch.Tensor, ...]:
+    """Fresh random A (M, K), B (K, N), a full C (M, N) and the float64 ReLU(A @ B + C)."""
+    import backends
+
+    from . import gemm_bench as gb
+
+    dtype = gb.DTYPES[dtype_name][0]
+    a = gb.random_operand(m, k, dtype=dtype, device=device, generator=generator)
+    b = gb.random_operand(k, n, dtype=dtype, device=device, generator=generator)
+    c = gb.random_operand(m, n, dtype=dtype, device=device, generator=generator)
+    return a, b, c, backends.reference(a, b, c, "relu")
+
+
+def _add_note(row: dict, note: str) -> None:
+    row["note"] = f"{row['note']}; {note}" if row["note"] else note
+
+
+def _tflops(m: int, n: int, k: int, ms: float | None) -> float | None:
+    return None if ms is None else 2 * m * n * k / (ms * 1e-3) / 1e12
+
+
+def _search(row: dict, impl, space: list[dict], operands, device: torch.device,
+            deadline: float | None, order: random.Random, timing: dict,
+            progress: Callable[[str, int], None], say: Callable[[str], None]) -> None:
+    """One group: check and time ``impl``'s default configuration, then the candidates of
+    ``space`` in a random order until ``deadline`` (``time.monotonic()``); fills ``row``."""
+    import backends
+    from backends import tuning
+
+    a, b, c, ref = operands
+    m, n, k, dtype_name = row["M"], row["N"], row["K"], row["dtype"]
+    tf32 = dtype_name == "tf32"
+    tol = backends.TOLERANCES[dtype_name]
+    label = f"{impl.name} {dtype_name} {m}x{n}x{k}"
+    d = torch.empty((m, n), dtype=a.dtype, device=device)
+
+    progress(f"{label} default", 0)
+    status, ms, why = _measure(lambda: impl.run(a, b, c, True, tf32, d), d, ref, tol, device,
+                               **timing)
+    row.update(default_ok=status == "ok", default_config=impl.config(), default_ms=ms,
+               default_tflops=_tflops(m, n, k, ms))
+    if status != "ok":
+        row["error"] = f"default configuration {status}: {why}"
+        say(f"{label}: the default configuration {status}: {why}")
+    progress(f"{label}: 0/{len(space)} candidates", 1)
+
+    order.shuffle(space)
+    for config in space:
+        if deadline is not None and time.monotonic() >= deadline:
+            row["note"] = f"budget spent after {row['tried']} of {len(space)} candidates"
+            say(f"{label}: {row['note']}; keeping the best so far")
+            break
+        choice = tuning.Choice(impl.pin(config), "tuning candidate")
+        status, ms, why = _measure(lambda: impl.run(a, b, c, True, tf32, d, choice), d, ref,
+                                   tol, device, **timing)
+        row["tried"] += 1
+        progress(f"{label}: {row['tried']}/{len(space)} candidates", 1)
+        if status != "ok":
+            row[status] += 1  # "failed" or "rejected"
+            row["error"] = row["error"] or f"{config}: {why}"
+        elif row["best_ms"] is None or ms < row["best_ms"]:
+            row.update(best_config=config, best_ms=ms, best_tflops=_tflops(m, n, k, ms))
+    progress(label, len(space) - row["tried"])
+
+
+def run_tune(names: list[str], shapes: list[tuple[int, int, int]], dtype_names: list[str],
+             device: torch.device, *, budget_s: float | None = None,
+             out: str | Path | None = None, seed: int = 0, warmup_ms: float = 10,
+             rep_ms: float = 50, min_reps: int = 10,
+             console: Console | None = None) -> list[dict]:
+    """Search every (shape, dtype, backend) group and merge the winners into the tuned table.
+
+    Args:
+        names: backends to tune; each needs a search space (``search_space``) and must run
+            here; a (backend, dtype) the backend does not support on ``device`` is left out.
+        shapes: (M, N, K) problems to tune on, each standing for its shape bucket.
+        dtype_names: fp32, tf32, fp16, bf16.
+        device: where to run; on the CPU triton_fused runs under the Triton interpreter and
+            the times are CPU times.
+        budget_s: wall-clock budget in seconds for the whole run, or None. It is shared out
+            evenly over the groups still to tune (time a group leaves unused passes on); a
+            group stops starting candidates when its share is spent and keeps its best so far.
+        out: the tuned table to merge into (default ``backends.tuning.table_path()``).
+        seed: seeds the random inputs and the order in which candidates are tried.
+        warmup_ms, rep_ms, min_reps: ``bench.timing.time_ms`` knobs per timed configuration.
+        console: where to show a progress bar and notes (none when None).
+
+    Returns:
+        One dict per group, in sweep order: backend, dtype, M, N, K, bucket, candidates (size
+        of the space), tried, failed (did not compile or launch), rejected (wrong result),
+        default_ok (the default configuration passed its check; None when the budget left
+        the group out), default_config, default_ms,
+        default_tflops, best_config, best_ms, best_tflops, stored (whether the best is now in
+        the table), note, error (the first failure's message).
+
+    Raises:
+        ValueError: the table at ``out`` is malformed (nothing is written over it).
+    """
+    import backends
+    from backends import tuning
+
+    from . import gemm_bench as gb
+
+    path = tuning.table_path() if out is None else Path(out)
+    tuning.load(path)  # a malformed table fails now, not after the search
+    plan = [(shape, dtype_name, name, search_space(name, dtype_name, device))
+            for shape in shapes for dtype_name in dtype_names for name in names
+            if gb.supports(backends.BACKENDS[name], dtype_name, device)]
+    say = console.print if console is not None else (lambda *args: None)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    order = random.Random(seed)
+    date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    commit = git_commit()
+    timing = {"warmup_ms": warmup_ms, "rep_ms": rep_ms, "min_reps": min_reps}
+    end = None if budget_s is None else time.monotonic() + budget_s
+    rows, stored, problem, operands = [], [], None, None
+    with Progress(console=console, transient=True, disable=console is None) as progress:
+        task = progress.add_task("tune", total=sum(len(space) + 1 for *_, space in plan))
+        for i, ((m, n, k), dtype_name, name, space) in enumerate(plan):
+            if problem != (m, n, k, dtype_name):  # the plan runs one problem's groups in a row
+                problem, operands = (m, n, k, dtype_name), None  # frees the previous operands
+                operands = _operands(m, n, k, dtype_name, device, generator)
+            impl = backends.BACKENDS[name]
+            row = {"backend": name, "dtype": dtype_name, "M": m, "N": n, "K": k,
+                   "bucket": list(tuning.bucket(m, n, k)), "candidates": len(space), "tried": 0,
+                   "failed": 0, "rejected": 0, "default_ok": None, "default_config": "",
+                   "default_ms": None, "default_tflops": None, "best_config": None,
+                   "best_ms": None, "best_tflops": None, "stored": False, "note": "",
+                   "error": ""}
+            rows.append(row)
+            now = time.monotonic()
+            if end is not None and now >= end:
+                row["note"] = "budget spent before this group started"
+                progress.advance(task, len(space) + 1)
+                continue
+            deadline = None if end is None else now + (end - now) / (len(plan) - i)
+            _search(row, impl, space, operands, device, deadline, order, timing,
+                    lambda text, advance: progress.update(task, description=text,
+                                                          advance=advance), say)
+            if row["best_ms"] is None:
+                _add_note(row, "no candidate passed")
+            elif row["default_ms"] is not None and row["best_ms"] > row["default_ms"]:
+                _add_note(row, "the default configuration was faster: not stored")
+            else:
+                stored.append((row, {
+                    "gpu": tuning.device_name(device), "backend": name, "dtype": dtype_name,
+                    "bucket": row["bucket"], "config": row["best_config"],
+                    "tflops": row["best_tflops"], "ms": row["best_ms"],
+                    "default_tflops": row["default_tflops"], "shape": [m, n, k], "date": date,
+                    "git_commit": commit}))
+    if stored:
+        merged = tuning.save([entry for _, entry in stored], path)
+        for row, entry in stored:
+            row["stored"] = entry in merged
+            if not row["stored"]:
+                _add_note(row, "the table's entry for this bucket is faster: kept")
+    return rows
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Register ``gemmlab tune`` on the ``gemmlab`` command's subparsers."""
+    tune = subparsers.add_parser(
+        "tune", help="grid search over triton_fused and cuda_* configurations",
+        description="Check, then time, every candidate configuration of triton_fused and the "
+        "cuda_* backends per shape and dtype; merge the fastest per (GPU, backend, dtype, shape "
+        "bucket) into the tuned table that gemm() and gemmlab bench use.")
+    tune.add_argument("--backends", help="comma list (default: triton_fused and every cuda_* "
+                      "backend with a search space)")
+    tune.add_argument("--shapes", help="comma list of N (square) or MxNxK (default on GPU: "
+                      "gemmlab bench's shapes; on CPU: 64)")
+    tune.add_argument("--dtypes", help="comma list of fp32, tf32, fp16, bf16 "
+                      "(default on GPU: all four; on CPU: fp32,fp16,bf16)")
+    tune.add_argument("--budget", type=float, metavar="SECONDS",
+                      help="wall-clock budget for the whole search (default: none)")
+    tune.add_argument("--out", help="tuned table to merge into (default: $GEMMLAB_TUNED_FILE "
+                      "or backends/tuned.json)")
+    tune.add_argument("--seed", type=int, default=0,
+                      help="seed of the random inputs and of the candidate order")
+    tune.add_argument("--warmup-ms", type=float, default=10, help="warm-up per candidate (ms)")
+    tune.add_argument("--rep-ms", type=float, default=50, help="timed repeats per candidate (ms)")
+    tune.set_defaults(func=cmd_tune)
+    return tune
+
+
+def cmd_tune(args: argparse.Namespace, console: Console) -> int:
+    """``gemmlab tune``: 0 when every default configuration passed its check, 1 when one
+    failed, 2 for bad arguments."""
+    from .cli import _csv, _prepare_backends
+
+    gpu = _prepare_backends(console)
+    import backends
+    from backends import tuning
+
+    from . import gemm_bench as gb
+
+    device = torch.device("cuda" if gpu else "cpu")
+    try:
+        shapes = [gb.parse_shape(s) for s in _csv(args.shapes)] if args.shapes else (
+            gb.GPU_SHAPES if gpu else CPU_SHAPES)
+    except ValueError as exc:
+        console.print(f"error: {exc}")
+        return 2
+    dtype_names = _csv(args.dtypes) if args.dtypes else (gb.GPU_DTYPES if gpu else gb.CPU_DTYPES)
+    choices = tunable()
+    for backend in backends.LADDER:
+        if backend.pin is not None and backend.name not in choices:
+            console.print(f"skipped {backend.name}: no search space (bench.tune.CUDA_SPACES)")
+    names = _csv(args.backends) if args.backends else choices
+    unknown = [d for d in dtype_names if d not in gb.DTYPES]
+    unknown += [n for n in names if n not in choices]
+    if unknown:
+        console.print(f"error: unknown or not tunable: {', '.join(unknown)}; tunable backends: "
+                      f"{', '.join(choices)}; dtypes: {', '.join(gb.DTYPES)}")
+        return 2
+    status = {s.name: s for s in backends.available()}
+    for name in names:
+        if not status[name].runs:
+            console.print(f"skipped {name}: {status[name].reason}")
+    names = [n for n in names if status[n].runs]
+    path = Path(args.out) if args.out else tuning.table_path()
+    if args.budget is not None:
+        console.print(f"budget: {args.budget:g} s")
+    try:
+        rows = run_tune(names, shapes, dtype_names, device, budget_s=args.budget, out=path,
+                        seed=args.seed, warmup_ms=args.warmup_ms, rep_ms=args.rep_ms,
+                        console=console)
+    except ValueError as exc:  # a malformed table at --out
+        console.print(f"error: {exc}")
+        return 2
+
+    table = Table(title="gemmlab tune: best configuration per (backend, dtype, shape)"
+                  + ("" if gpu else "  [CPU: Triton interpreter times]"))
+    for col in ("backend", "dtype", "M", "N", "K", "tried", "failed", "wrong", "default TFLOP/s",
+                "best TFLOP/s", "x default", "best config", "stored"):
+        table.add_column(col, justify="left" if col in ("backend", "dtype", "best config",
+                                                       "stored") else "right")
+    for r in rows:
+        speedup = (r["best_tflops"] / r["default_tflops"]
+                   if r["best_tflops"] and r["default_tflops"] else None)
+        config = " ".join(f"{k}={v}" for k, v in (r["best_config"] or {}).items()) or "-"
+        table.add_row(r["backend"], r["dtype"], str(r["M"]), str(r["N"]), str(r["K"]),
+                      f"{r['tried']}/{r['candidates']}", str(r["failed"]), str(r["rejected"]),
+                      gb.fmt(r["default_tflops"], ".4g"), gb.fmt(r["best_tflops"], ".4g"),
+                      gb.fmt(speedup, ".2f"), config, "yes" if r["stored"] else r["note"] or "no")
+    console.print(table)
+    stored = sum(r["stored"] for r in rows)
+    console.print(f"{stored} of {len(rows)} groups stored in {path}" if stored
+                  else f"nothing stored in {path}")
+    return 1 if any(r["default_ok"] is False for r in rows) else 0

@@ -1,0 +1,397 @@
+"""The tuner and the tuned table on the CPU (Triton interpreter, tiny shapes): search spaces and
+their pruning, shape buckets, load/save/merge, lookup and why_not, gemm(tuned=True) pinning an
+entry, and ``gemmlab tune`` end to end. Every test reads and writes a table under tmp_path
+(through GEMMLAB_TUNED_FILE), never backends/tuned.json."""
+
+import argparse
+import io
+import json
+import time
+
+import pytest
+import torch
+from conftest import HAS_GPU, assert_matches_reference, random_inputs
+from rich.console import Console
+
+import backends
+from backends import gemm, triton_fused, tuning
+from bench import tune
+
+DEVICE = torch.device("cuda" if HAS_GPU else "cpu")
+GPU = tuning.device_name(DEVICE)
+H200_SMEM = 232448  # shared_memory_per_block_optin of an H200, bytes
+interpreter_only = pytest.mark.skipif(HAS_GPU, reason="searches the interpreter's tiny space")
+
+
+@pytest.fixture(autouse=True)
+def table(tmp_path, monkeypatch):
+    """The tuned table gemm() reads in this test: a file under tmp_path, not there yet."""
+    path = tmp_path / "tuned.json"
+    monkeypatch.setenv(tuning.ENV_VAR, str(path))
+    return path
+
+
+def entry(gpu="NVIDIA H200", backend="triton_fused", dtype="fp16", bucket=(4096, 4096, 4096),
+          tflops=500.0, **config):
+    config = config or {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8,
+                        "num_warps": 8, "num_stages": 3}
+    return {"gpu": gpu, "backend": backend, "dtype": dtype, "bucket": list(bucket),
+            "config": config, "tflops": tflops, "ms": 0.25, "default_tflops": 450.0,
+            "shape": list(bucket), "date": "2026-11-21T00:00:00+00:00", "git_commit": "abc"}
+
+
+# --- search spaces ---------------------------------------------------------------------------
+
+def smem_bytes(c, size):
+    return (c["BLOCK_M"] + c["BLOCK_N"]) * c["BLOCK_K"] * size * c["num_stages"]
+
+
+@pytest.mark.parametrize("dtype_name,size,block_k", [("fp16", 2, {32, 64}), ("bf16", 2, {32, 64}),
+                                                    ("tf32", 4, {32, 64}), ("fp32", 4, {16, 32})])
+def test_triton_space_is_pruned_to_what_fits(dtype_name, size, block_k):
+    space = tune.triton_space(dtype_name, H200_SMEM)
+    assert {c["BLOCK_K"] for c in space} == block_k
+    assert {c["BLOCK_M"] for c in space} == {c["BLOCK_N"] for c in space} == {64, 128, 256}
+    assert {c["GROUP_M"] for c in space} == {4, 8}
+    assert {c["num_warps"] for c in space} == {4, 8}
+    assert {c["num_stages"] for c in space} == {2, 3, 4, 5}
+    assert len({tuple(c.items()) for c in space}) == len(space)
+    for c in space:
+        assert smem_bytes(c, size) <= H200_SMEM
+        assert c["BLOCK_M"] * c["BLOCK_N"] <= 128 * 32 * c["num_warps"]
+    unpruned = 3 * 3 * 2 * 2 * 2 * 4
+    no_smem_limit = tune.triton_space(dtype_name)
+    assert len(space) < len(no_smem_limit) < unpruned
+    assert {"BLOCK_M": 256, "BLOCK_N": 256, "BLOCK_K": max(block_k), "GROUP_M": 8,
+            "num_warps": 8, "num_stages": 2} not in no_smem_limit  # 256 accumulators/thread
+    smaller = tune.triton_space(dtype_name, 64 * 1024)
+    assert smaller and all(c in space for c in smaller) and len(smaller) < len(space)
+
+
+@pytest.mark.parametrize("dtype_name,configs", [("fp16", triton_fused.CONFIGS_16BIT),
+                                                ("fp32", triton_fused.CONFIGS_FP32)])
+def test_triton_space_covers_the_autotuners_list(dtype_name, configs):
+    """The default configuration is always a candidate, so tuning never has to lose to it."""
+    space = tune.triton_space(dtype_name, H200_SMEM)
+    for c in configs:
+        assert {**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages} in space
+
+
+def test_interpreter_space_is_tiny():
+    space = tune.triton_space("fp32", interpreted=True)
+    assert 1 < len(space) <= 8
+    assert all(set(c) == {"BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages"}
+               for c in space)
+
+
+def test_cuda_spaces_hold_the_registry_defaults_and_fit_a_block():
+    regblock = tune.cuda_space("cuda_regblock")
+    assert len(regblock) == 2 * 2 * 2 * 2 * 2
+    assert {c["TM"] for c in regblock} == {c["TN"] for c in regblock} == {4, 8}
+    assert all(c["BLOCK_M"] == c["BLOCK_N"] == c["BLOCK_K"] for c in tune.cuda_space("cuda_smem"))
+    naive = tune.cuda_space("cuda_naive")
+    assert len(naive) < 4 * 4 and all(c["BLOCK_M"] * c["BLOCK_N"] <= 1024 for c in naive)
+    for name in tune.CUDA_SPACES:
+        assert backends.registry.CUDA_KERNELS[name].params in tune.cuda_space(name), name
+
+
+def test_cuda_space_derives_dependent_macros(monkeypatch):
+    space = tune.CudaSpace({"BLOCK_M": (64, 128, 256), "WARP_M": (16, 32)},
+                           lambda p: {"BLOCK_N": 128, "TM": 1, "TN": 1,
+                                      "THREADS": 32 * (p["BLOCK_M"] // p["WARP_M"]) * 4})
+    monkeypatch.setitem(tune.CUDA_SPACES, "cuda_test", space)
+    configs = tune.cuda_space("cuda_test")
+    assert {"BLOCK_M": 64, "WARP_M": 16, "BLOCK_N": 128, "TM": 1, "TN": 1,
+            "THREADS": 512} in configs
+    assert len(configs) == 5 and all(c["THREADS"] <= 1024 for c in configs)
+    assert {"BLOCK_M": 256, "WARP_M": 16} not in [  # 16 x 4 warps: 2048 threads
+        {"BLOCK_M": c["BLOCK_M"], "WARP_M": c["WARP_M"]} for c in configs]
+
+
+def test_tunable_backends_are_triton_fused_and_the_cuda_kernels():
+    names = tune.tunable()
+    assert {"cuda_naive", "cuda_smem", "cuda_regblock", "triton_fused"} <= set(names)
+    assert names == [b.name for b in backends.LADDER if b.name in names]  # ladder order
+    assert "cublas" not in names and backends.BACKENDS["cublas"].pin is None
+
+
+# --- the table -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("shape,expected", [((1, 1, 1), (1, 1, 1)),
+                                            ((1000, 1024, 1025), (1024, 1024, 2048)),
+                                            ((127, 129, 65), (128, 256, 128))])
+def test_bucket_rounds_each_size_up_to_a_power_of_two(shape, expected):
+    assert tuning.bucket(*shape) == expected
+
+
+def test_bucket_needs_positive_sizes():
+    with pytest.raises(ValueError, match="sizes must be >= 1"):
+        tuning.bucket(0, 4, 4)
+
+
+def test_save_keeps_the_faster_entry_per_key(table):
+    slow, fast = entry(tflops=400.0, BLOCK_M=1), entry(tflops=600.0, BLOCK_M=2)
+    other_bucket = entry(bucket=(1024, 1024, 1024), tflops=100.0)
+    assert tuning.save([slow, other_bucket], table) == [other_bucket, slow]
+    assert tuning.save([fast], table) == [other_bucket, fast]
+    assert tuning.save([slow], table) == [other_bucket, fast]  # slower: the file keeps fast
+    assert json.loads(table.read_text()) == {"entries": [other_bucket, fast]}
+    assert tuning.load(table).get("triton_fused", "NVIDIA H200", "fp16", 4000, 4096, 3000) == fast
+    assert [p.name for p in table.parent.iterdir()] == ["tuned.json"]  # no temporary left
+    assert table.stat().st_mode & 0o777 == 0o644
+
+
+def test_save_rejects_a_malformed_entry(table):
+    with pytest.raises(ValueError, match="bucket .* is not three powers of two"):
+        tuning.save([entry(bucket=(1000, 1024, 1024))], table)
+    assert not table.exists()
+
+
+def test_a_missing_table_is_empty(table):
+    loaded = tuning.load(table)
+    assert not loaded.exists and loaded.entries == []
+
+
+@pytest.mark.parametrize("text,problem", [
+    ("{not json", "not JSON"),
+    ("[]", "expected"),
+    ('{"entries": {}}', "expected"),
+    ('{"entries": [3]}', "entry 0: not an object"),
+    (json.dumps({"entries": [{**entry(), "dtype": "fp8"}]}), "entry 0: dtype 'fp8'"),
+    (json.dumps({"entries": [entry(), {**entry(), "config": None}]}), "entry 1: 'config'"),
+    (json.dumps({"entries": [{**entry(), "bucket": [4096, 4096]}]}), "three powers of two"),
+    (json.dumps({"entries": [entry(BLOCK_M="big")]}), "not an integer"),
+    (json.dumps({"entries": [{**entry(), "shape": [4096, 4096, 1000]}]}), "not an M x N x K"),
+    (json.dumps({"entries": [{**entry(), "shape": ["4096", 1, 1]}]}), "not an M x N x K"),
+])
+def test_a_malformed_table_is_a_clear_error_naming_the_file(table, text, problem):
+    table.write_text(text)
+    with pytest.raises(ValueError, match="malformed tuned table") as info:
+        tuning.load(table)
+    assert str(table) in str(info.value) and problem in str(info.value)
+
+
+def test_load_reads_the_file_again_when_it_changes(table):
+    tuning.save([entry()], table)
+    first = tuning.load(table)
+    assert tuning.load(table) is first  # unchanged: cached
+    table.write_text(json.dumps({"entries": [entry(), entry(dtype="bf16")]}))
+    assert len(tuning.load(table).entries) == 2
+
+
+def test_lookup_and_why_not(table):
+    def why(gpu="NVIDIA H200", backend="triton_fused", dtype="fp16", shape=(4096,) * 3):
+        return tuning.why_not(backend, gpu, dtype, *shape)
+
+    assert "no tuned table at" in why() and str(table) in why()
+    found = entry()
+    tuning.save([found, entry(bucket=(8192, 8192, 1024))], table)
+    assert tuning.lookup("triton_fused", "NVIDIA H200", "fp16", 3000, 4096, 2049) == found
+    assert why(shape=(3000, 4096, 2049)) is None
+    assert "no entry for GPU 'NVIDIA A100' (it has 'NVIDIA H200')" in why(gpu="NVIDIA A100")
+    assert "no cuda_regblock entry for NVIDIA H200" in why(backend="cuda_regblock")
+    assert "no triton_fused fp32 entry for NVIDIA H200 (tuned dtypes: fp16)" in why(dtype="fp32")
+    assert ("at shape bucket 1024x1024x1024 (M, N, K rounded up to powers of two; tuned "
+            "buckets: 4096x4096x4096, 8192x8192x1024)") in why(shape=(1000, 1000, 1000))
+    assert tuning.lookup("triton_fused", "NVIDIA H200", "fp16", 1000, 1000, 1000) is None
+
+
+# --- gemm() with the table ---------------------------------------------------------------------
+
+PINNED = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16, "GROUP_M": 2, "num_warps": 2,
+          "num_stages": 1}
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """The ``config`` of every triton_fused.run call."""
+    seen = []
+    run = triton_fused.run
+
+    def spy(*args, config=None):
+        seen.append(config)
+        return run(*args, config=config)
+
+    monkeypatch.setattr(triton_fused, "run", spy)
+    return seen
+
+
+def test_gemm_pins_the_tuned_config_of_the_shape_bucket(table, launches, rng):
+    a, b, c = random_inputs(40, 20, 30, device=DEVICE, generator=rng)
+    impl = backends.BACKENDS["triton_fused"]
+    gemm(a, b, c, activation="relu", backend="triton_fused")
+    assert launches[-1] is None
+    assert "untuned: no tuned table at" in impl.config()
+
+    tuning.save([entry(gpu=GPU, dtype="fp32", bucket=(64, 32, 32), **PINNED)], table)
+    d = gemm(a, b, c, activation="relu", backend="triton_fused")  # sees the new file
+    assert_matches_reference(d, a, b, c, "relu")
+    config = launches[-1]
+    assert {**config.kwargs, "num_warps": config.num_warps,
+            "num_stages": config.num_stages} == PINNED
+    assert "BLOCK_M: 16, BLOCK_N: 32" in impl.config()
+    assert f"tuned: tuned.json entry for {GPU} fp32 bucket 64x32x32" in impl.config()
+
+    a2, b2, c2 = random_inputs(70, 20, 30, device=DEVICE, generator=rng)  # bucket 128x32x32
+    d = gemm(a2, b2, c2, activation="relu", backend="triton_fused")
+    assert_matches_reference(d, a2, b2, c2, "relu")
+    assert launches[-1] is None
+    assert "untuned:" in impl.config() and "tuned buckets: 64x32x32" in impl.config()
+
+    gemm(a, b, c, activation="relu", backend="triton_fused", tuned=False)
+    assert launches[-1] is None and "tuned" not in impl.config()
+
+
+def test_gemm_reports_an_entry_it_cannot_use(table, rng):
+    tuning.save([entry(gpu=GPU, dtype="fp32", bucket=(8, 8, 8), BLOCK_M=16)], table)
+    a, b, _ = random_inputs(8, 8, 8, device=DEVICE, generator=rng)
+    with pytest.raises(ValueError, match="tuned.json: the triton_fused fp32 entry .* cannot use"):
+        gemm(a, b, backend="triton_fused")
+    gemm(a, b, backend="triton_fused", tuned=False)
+    gemm(a, b, backend="cublas")  # backends with nothing to tune never read the table
+
+
+# --- run_tune and gemmlab tune ---------------------------------------------------------------
+
+FAST = {"warmup_ms": 1, "rep_ms": 1, "min_reps": 1}
+
+
+@interpreter_only
+def test_run_tune_stores_a_checked_winner_that_gemm_then_uses(table, launches, monkeypatch, rng):
+    # Candidates are timed for real; the default reports 1 s, so the best one is stored
+    # whatever the noise of CPU times.
+    monkeypatch.setattr(tune, "_measure", _default_reports(tune._measure, 1000.0))
+    rows = tune.run_tune(["triton_fused"], [(40, 24, 32)], ["fp32"], DEVICE, budget_s=120,
+                         out=table, **FAST)
+    (row,) = rows
+    assert row["tried"] == row["candidates"] == len(tune.triton_space("fp32", interpreted=True))
+    assert row["failed"] == row["rejected"] == 0 and row["default_ok"] and row["stored"]
+    stored = tuning.lookup("triton_fused", "cpu", "fp32", 40, 24, 32)
+    assert stored["config"] == row["best_config"]
+    assert stored["config"] in tune.triton_space("fp32", interpreted=True)
+    assert stored["bucket"] == [64, 32, 32] and stored["shape"] == [40, 24, 32]
+    assert stored["tflops"] == row["best_tflops"] > 0 and stored["ms"] == row["best_ms"]
+    assert stored["default_tflops"] == row["default_tflops"] == 2 * 40 * 24 * 32 / 1e12
+    assert stored["git_commit"] and stored["date"]
+
+    a, b, c = random_inputs(33, 30, 17, device=DEVICE, generator=rng)  # the same bucket
+    d = gemm(a, b, c, activation="relu", backend="triton_fused")
+    assert_matches_reference(d, a, b, c, "relu")
+    assert launches[-1].kwargs["BLOCK_M"] == stored["config"]["BLOCK_M"]
+
+
+@interpreter_only
+def test_a_spent_budget_starts_no_candidate(table):
+    rows = tune.run_tune(["triton_fused"], [(16, 16, 16)], ["fp32", "fp16"], DEVICE, budget_s=0,
+                         out=table, **FAST)
+    assert [r["tried"] for r in rows] == [0, 0]
+    assert all(r["note"] == "budget spent before this group started" for r in rows)
+    assert not table.exists()
+
+
+@interpreter_only
+def test_a_budget_spent_mid_search_keeps_the_best_so_far(table, monkeypatch):
+    def slow_time_ms(fn, device, **timing):  # each timing takes 0.6 s of the 1 s budget
+        time.sleep(0.6)
+        return 1.0
+
+    monkeypatch.setattr(tune, "time_ms", slow_time_ms)
+    (row,) = tune.run_tune(["triton_fused"], [(16, 16, 16)], ["fp32"], DEVICE, budget_s=1.0,
+                           out=table)
+    assert row["tried"] == 1 and row["note"] == "budget spent after 1 of 4 candidates"
+    assert row["stored"]  # a tie with the default is stored
+    assert tuning.lookup("triton_fused", "cpu", "fp32", 16, 16, 16)["config"] == row["best_config"]
+
+
+@interpreter_only
+def test_broken_and_wrong_candidates_are_never_timed_or_stored(table, monkeypatch):
+    """(16, 16) does not launch, (16, 32) computes a wrong D; the fake clock would make the
+    wrong one the fastest if it were ever timed."""
+    last = {}
+    run = triton_fused.run
+
+    def broken(a, b, c, relu, allow_tf32, out, config=None):
+        tile = None if config is None else (config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"])
+        last["tile"] = tile
+        if tile == (16, 16):
+            raise RuntimeError("out of resources")
+        run(a, b, c, relu, allow_tf32, out, config=config)
+        return out.mul_(1.01) if tile == (16, 32) else out
+
+    timed = []
+
+    def fake_time_ms(fn, device, **timing):
+        fn()
+        timed.append(last["tile"])
+        return {None: 5.0, (16, 32): 0.1, (32, 16): 1.0}.get(last["tile"], 2.0)
+
+    monkeypatch.setattr(triton_fused, "run", broken)
+    monkeypatch.setattr(tune, "time_ms", fake_time_ms)
+    (row,) = tune.run_tune(["triton_fused"], [(48, 40, 24)], ["fp32"], DEVICE, out=table)
+    assert row["tried"] == 4 and row["failed"] == 1 and row["rejected"] == 1
+    assert "out of resources" in row["error"] or "relative error" in row["error"]
+    assert sorted(timed, key=str) == sorted([None, (32, 16), (32, 32)], key=str)
+    stored = tuning.lookup("triton_fused", "cpu", "fp32", 48, 40, 24)
+    assert (stored["config"]["BLOCK_M"], stored["config"]["BLOCK_N"]) == (32, 16)
+    assert stored["ms"] == 1.0 and stored["default_tflops"] == row["default_tflops"]
+
+
+@interpreter_only
+def test_nothing_is_stored_when_the_default_is_faster(table, monkeypatch):
+    monkeypatch.setattr(tune, "time_ms", lambda fn, device, **timing: 2.0)
+    monkeypatch.setattr(tune, "_measure", _default_reports(tune._measure, 1.0))
+    (row,) = tune.run_tune(["triton_fused"], [(16, 16, 16)], ["fp32"], DEVICE, out=table)
+    assert row["best_ms"] == 2.0 and row["default_ms"] == 1.0 and not row["stored"]
+    assert row["note"] == "the default configuration was faster: not stored"
+    assert not table.exists()
+
+
+def _default_reports(measure, default_ms):
+    """``measure`` whose first call (the default configuration) reports ``default_ms``."""
+    calls = []
+
+    def wrapped(*args, **kwargs):
+        status, ms, why = measure(*args, **kwargs)
+        calls.append(ms)
+        return status, default_ms if len(calls) == 1 else ms, why
+    return wrapped
+
+
+def gemmlab_tune(*argv):
+    parser = argparse.ArgumentParser(prog="gemmlab")
+    tune.add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["tune", *argv])
+    output = io.StringIO()
+    code = args.func(args, Console(file=output, width=200))
+    return code, output.getvalue()
+
+
+@interpreter_only
+def test_gemmlab_tune_on_the_cpu(table, monkeypatch):
+    monkeypatch.setattr(tune, "time_ms", lambda fn, device, **timing: 1.0)  # a tie is stored
+    monkeypatch.delitem(tune.CUDA_SPACES, "cuda_smem")
+    code, output = gemmlab_tune("--shapes", "32", "--dtypes", "fp32,bf16", "--budget", "120",
+                                "--warmup-ms", "1", "--rep-ms", "1")
+    assert code == 0, output
+    assert output.startswith("No CUDA GPU found")
+    assert "skipped cuda_regblock: no CUDA GPU" in output
+    assert "skipped cuda_smem: no search space (bench.tune.CUDA_SPACES)" in output
+    assert "1 of 1 groups stored in " + str(table) in output  # bf16: not in the interpreter
+    assert tuning.lookup("triton_fused", "cpu", "fp32", 32, 32, 32) is not None
+
+
+@pytest.mark.parametrize("argv,message", [
+    (("--backends", "cublas"), "not tunable: cublas"),
+    (("--dtypes", "fp8"), "unknown or not tunable: fp8"),
+    (("--shapes", "4x4"), "is not N or MxNxK"),
+])
+def test_gemmlab_tune_rejects_bad_arguments(argv, message):
+    code, output = gemmlab_tune(*argv)
+    assert code == 2 and message in output
+
+
+def test_gemmlab_tune_keeps_a_malformed_table(table):
+    table.write_text("{")
+    code, output = gemmlab_tune("--shapes", "16", "--dtypes", "fp32", "--out", str(table))
+    assert code == 2 and "malformed tuned table" in output and table.read_text() == "{"
+
