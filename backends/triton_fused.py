@@ -60,13 +60,16 @@ CONFIGS_FP32 = [
 INTERPRETER_CONFIG = _config(32, 32, 16, 4, 1, group_m=4)
 
 
+# EVEN_K: K is a multiple of BLOCK_K, so the loads of A and B need no mask (as in the matmul
+# templates of PyTorch's inductor); computed from the launch's arguments and meta-parameters.
+@triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
 @triton.jit
 def fused_gemm_kernel(a_ptr, b_ptr, c_ptr, d_ptr, M, N, K,
                       stride_am, stride_ak, stride_bk, stride_bn,
                       stride_cm, stride_cn, stride_dm, stride_dn,
                       HAS_C: tl.constexpr, RELU: tl.constexpr, INPUT_PRECISION: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                      GROUP_M: tl.constexpr):
+                      GROUP_M: tl.constexpr, EVEN_K: tl.constexpr):
     """One BLOCK_M x BLOCK_N tile of D = act(A @ B + C); C's strides may be 0 (bias)."""
     # Grouped ordering: consecutive programs sweep GROUP_M tile rows column by column, so the
     # B columns they load are reused from L2 by the other rows of the group.
@@ -89,9 +92,13 @@ def fused_gemm_kernel(a_ptr, b_ptr, c_ptr, d_ptr, M, N, K,
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, tl.cdiv(K, BLOCK_K)):
-        k_left = K - k * BLOCK_K
-        a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
-        b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            b = tl.load(b_ptrs)
+        else:
+            k_left = K - k * BLOCK_K
+            a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+            b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
         acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk

@@ -30,9 +30,11 @@ def test_odd_shapes(dtype, m, n, k, c_kind, activation, rng):
     triton.Config({"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 2}, num_warps=4),
     triton.Config({"BLOCK_M": 64, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 1}, num_warps=2),
 ], ids=["interpreter", "wide", "tall"])
-def test_tile_shapes_and_group_orders(config, rng):
-    """Tiles that do and do not divide M, N, K; GROUP_M larger than the tile rows."""
-    m, n, k = 70, 45, 37
+@pytest.mark.parametrize("k", [37, 96], ids=["masked-k", "even-k"])
+def test_tile_shapes_and_group_orders(config, k, rng):
+    """Tiles that do and do not divide M, N, K (K = 96: every BLOCK_K divides it, the unmasked
+    EVEN_K loads); GROUP_M larger than the tile rows."""
+    m, n = 70, 45
     a, b, c = random_inputs(m, n, k, torch.float32, DEVICE, "full", rng)
     out = torch.full((m, n), float("nan"), device=DEVICE)
     triton_fused.run(a, b, c, True, False, out, config=config)
