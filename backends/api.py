@@ -60,7 +60,8 @@ def gemm(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None, *,
         c: None, a full C of shape (M, N), or a bias of shape (N,) added to every row.
         activation: None or ``"relu"``.
         backend: a name from ``backends.BACKENDS`` (ladder order: cublas, torch_unfused,
-            cuda_naive, cuda_smem, cuda_regblock, triton_fused).
+            cuda_naive, cuda_smem, cuda_regblock, cuda_vec, cuda_warptile, cuda_pipelined,
+            cuda_wmma, cuda_mma, triton_fused).
         out: optional (M, N) tensor that receives D; it must not overlap A, B or C.
         allow_tf32: run fp32 operands on the TF32 tensor cores (10-bit mantissa products);
             off by default, so fp32 means IEEE fp32. Only for fp32 CUDA tensors and the
