@@ -94,7 +94,7 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
     if args.resources:
         extra["resources"] = _resources_table(rows, device, console)
     if args.roofline:
-        from .roofline import CEILING_SHAPE, measure_ceilings
+        from profiling.roofline import CEILING_SHAPE, measure_ceilings
 
         if device.type != "cuda":
             console.print("--roofline: no GPU here; the ceilings are measured on a GPU only")
@@ -129,7 +129,7 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
         for path in write_results(args.out, collect_meta(), rows, gb.plot, **extra):
             console.print(f"wrote {path}")
         if "ceilings" in extra:
-            from .roofline import plot as plot_roofline
+            from profiling.roofline import plot as plot_roofline
 
             path = Path(args.out) / "roofline.png"
             plot_roofline(rows, extra["ceilings"], gb.DTYPES, gb.EPILOGUES, path)

@@ -142,7 +142,7 @@ def test_git_commit_prefers_the_commit_a_copied_tree_names(monkeypatch):
 
 def test_roofline_intensity_and_plot(tmp_path):
     from bench import gemm_bench as gb
-    from bench import roofline
+    from profiling import roofline
 
     row = {"backend": "cublas", "dtype": "fp16", "epilogue": "relu_c", "M": 4096, "N": 4096,
            "K": 4096, "tflops": 600.0}

@@ -18,15 +18,20 @@ from __future__ import annotations
 
 import torch
 
+from profiling.nvtx import name_stream
+
 _COMM_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
 
 
 def comm_stream(device: torch.device) -> torch.cuda.Stream:
     """The side stream communication runs on while GEMMs run on the current stream. It has
     high priority, so the block scheduler starts a communication kernel's blocks as soon as
-    SMs free up instead of after every pending block of a long GEMM."""
+    SMs free up instead of after every pending block of a long GEMM. Named in Nsight Systems
+    ``gemmlab comm``, and the current stream ``gemmlab compute``, where naming is available."""
     if device not in _COMM_STREAMS:
         _COMM_STREAMS[device] = torch.cuda.Stream(device, priority=-1)
+        name_stream(_COMM_STREAMS[device], "gemmlab comm")
+        name_stream(torch.cuda.current_stream(device), "gemmlab compute")
     return _COMM_STREAMS[device]
 
 

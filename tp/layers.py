@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from backends import gemm
+from profiling.nvtx import annotate
 
 from .comm.ring import chunk_bounds
 from .functional import comm_stream, gather_from_tp, scatter_to_tp
@@ -70,8 +71,9 @@ class _TPLinear(nn.Module):
     """What both layers share: the shard, its checks, and the communication switches."""
 
     def __init__(self, in_features, out_features, comm, split: str, bias, backend, overlap,
-                 sm_margin, master, device, dtype):
+                 sm_margin, master, device, dtype, name):
         super().__init__()
+        self.name = name or type(self).__name__
         p = comm.size
         if sm_margin < 0:
             raise ValueError(f"sm_margin must be >= 0; got {sm_margin}")
@@ -118,6 +120,9 @@ class ColumnParallelLinear(_TPLinear):
             only; see ``reserve_sms``); applied with overlap on and off alike.
         master: the dense ``nn.Linear`` to cut from (default: a new one).
         device, dtype: of the shard.
+        name: prefix of the layer's NVTX ranges (``<name> forward`` > ``compute Y``; ``<name>
+            backward`` > ``compute dX``, the communicator's ``all_reduce``, ``compute dW``);
+            default the class name.
 
     Input (..., in_features), replicated on every TP rank.
 
@@ -130,11 +135,12 @@ class ColumnParallelLinear(_TPLinear):
     def __init__(self, in_features: int, out_features: int, comm, *, bias: bool = True,
                  activation: str | None = None, gather_output: bool = False,
                  backend: str = "cublas", overlap: bool = True, sm_margin: int = 0,
-                 master: nn.Linear | None = None, device=None, dtype=None):
+                 master: nn.Linear | None = None, device=None, dtype=None,
+                 name: str | None = None):
         if activation not in (None, "relu"):
             raise ValueError(f"activation must be None or 'relu'; got {activation!r}")
         super().__init__(in_features, out_features, comm, "columns", bias, backend, overlap,
-                         sm_margin, master, device, dtype)
+                         sm_margin, master, device, dtype, name)
         self.activation, self.gather_output = activation, gather_output
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -158,7 +164,8 @@ class RowParallelLinear(_TPLinear):
         chunks: row chunks of the forward GEMM (the same with overlap on or off).
         sm_margin: SMs the forward chunk GEMMs leave free for the all-reduces beside them
             (cuBLAS only; see ``reserve_sms``); applied with overlap on and off alike.
-        master, device, dtype: as for ``ColumnParallelLinear``.
+        master, device, dtype, name: as for ``ColumnParallelLinear`` (forward ranges:
+            ``compute chunk i`` and the communicator's ``all_reduce`` per chunk).
 
     Raises:
         ValueError: ``in_features`` not a multiple of the TP size; ``chunks`` < 1; ``overlap``
@@ -169,11 +176,11 @@ class RowParallelLinear(_TPLinear):
     def __init__(self, in_features: int, out_features: int, comm, *, bias: bool = True,
                  input_is_parallel: bool = True, backend: str = "cublas", overlap: bool = True,
                  chunks: int = 4, sm_margin: int = 0, master: nn.Linear | None = None,
-                 device=None, dtype=None):
+                 device=None, dtype=None, name: str | None = None):
         if chunks < 1:
             raise ValueError(f"chunks must be >= 1; got {chunks}")
         super().__init__(in_features, out_features, comm, "rows", bias, backend, overlap,
-                         sm_margin, master, device, dtype)
+                         sm_margin, master, device, dtype, name)
         self.input_is_parallel, self.chunks = input_is_parallel, chunks
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -189,7 +196,8 @@ class _ColumnParallel(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, layer):
-        y = gemm(x, weight, bias, activation=layer.activation, backend=layer.backend)
+        with annotate(f"{layer.name} forward"), annotate("compute Y"):
+            y = gemm(x, weight, bias, activation=layer.activation, backend=layer.backend)
         ctx.layer = layer
         ctx.has_bias = bias is not None
         ctx.save_for_backward(x, weight, y if layer.activation == "relu" else None)
@@ -199,21 +207,23 @@ class _ColumnParallel(torch.autograd.Function):
     def backward(ctx, grad_y):
         x, weight, y = ctx.saved_tensors
         layer = ctx.layer
-        if y is not None:  # through the fused ReLU: its output says where it passed
-            grad_y = grad_y.masked_fill(y <= 0, 0)
-        grad_y = grad_y.contiguous()
-        grad_x = gemm(grad_y, weight.t(), backend=layer.backend)
-        work = None
-        if layer.comm.size > 1:
-            if layer.overlap:
-                work = _async_all_reduce(grad_x, layer.comm)
-            else:
-                layer.comm.all_reduce(grad_x)
-        with reserve_sms(layer.sm_margin, x.device):
-            grad_w = gemm(x.t(), grad_y, backend=layer.backend)  # overlaps the all-reduce
-        grad_b = grad_y.sum(0) if ctx.has_bias else None
-        if work is not None:
-            grad_x = work.wait()
+        with annotate(f"{layer.name} backward"):
+            with annotate("compute dX"):
+                if y is not None:  # through the fused ReLU: its output says where it passed
+                    grad_y = grad_y.masked_fill(y <= 0, 0)
+                grad_y = grad_y.contiguous()
+                grad_x = gemm(grad_y, weight.t(), backend=layer.backend)
+            work = None
+            if layer.comm.size > 1:
+                if layer.overlap:
+                    work = _async_all_reduce(grad_x, layer.comm)
+                else:
+                    layer.comm.all_reduce(grad_x)
+            with annotate("compute dW"), reserve_sms(layer.sm_margin, x.device):
+                grad_w = gemm(x.t(), grad_y, backend=layer.backend)  # overlaps the all-reduce
+                grad_b = grad_y.sum(0) if ctx.has_bias else None
+            if work is not None:
+                grad_x = work.wait()
         return grad_x, grad_w, grad_b, None
 
 
@@ -225,20 +235,21 @@ class _RowParallel(torch.autograd.Function):
         out = torch.empty(x.shape[0], weight.shape[1], dtype=x.dtype, device=x.device)
         bounds = chunk_bounds(x.shape[0], layer.chunks)
         pending = []
-        for i in range(layer.chunks):
-            rows = slice(bounds[i], bounds[i + 1])
-            if bounds[i] == bounds[i + 1]:
-                continue
-            with reserve_sms(layer.sm_margin, x.device):
-                gemm(x[rows], weight, backend=layer.backend, out=out[rows])
-            if layer.comm.size == 1:
-                continue
-            if layer.overlap:  # runs while the next chunk's GEMM computes
-                pending.append(_async_all_reduce(out[rows], layer.comm))
-            else:
-                layer.comm.all_reduce(out[rows])
-        for work in pending:
-            work.wait()
+        with annotate(f"{layer.name} forward"):
+            for i in range(layer.chunks):
+                rows = slice(bounds[i], bounds[i + 1])
+                if bounds[i] == bounds[i + 1]:
+                    continue
+                with annotate("compute chunk", payload=i), reserve_sms(layer.sm_margin, x.device):
+                    gemm(x[rows], weight, backend=layer.backend, out=out[rows])
+                if layer.comm.size == 1:
+                    continue
+                if layer.overlap:  # runs while the next chunk's GEMM computes
+                    pending.append(_async_all_reduce(out[rows], layer.comm))
+                else:
+                    layer.comm.all_reduce(out[rows])
+            for work in pending:
+                work.wait()
         ctx.layer = layer
         ctx.save_for_backward(x, weight)
         return out
@@ -246,7 +257,10 @@ class _RowParallel(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_y):
         x, weight = ctx.saved_tensors
-        grad_y = grad_y.contiguous()
-        grad_x = gemm(grad_y, weight.t(), backend=ctx.layer.backend)
-        grad_w = gemm(x.t(), grad_y, backend=ctx.layer.backend)
+        with annotate(f"{ctx.layer.name} backward"):
+            grad_y = grad_y.contiguous()
+            with annotate("compute dX"):
+                grad_x = gemm(grad_y, weight.t(), backend=ctx.layer.backend)
+            with annotate("compute dW"):
+                grad_w = gemm(x.t(), grad_y, backend=ctx.layer.backend)
         return grad_x, grad_w, None

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from profiling.nvtx import annotate
+
 from .grid import split_data
 from .transformer import GPT, GPTConfig
 
@@ -62,17 +64,22 @@ def train(config: GPTConfig, tp_comm, dp_comm, *, steps: int, batch: int, lr: fl
     result = TrainResult([], [])
     for step in range(steps):
         start = time.perf_counter()
-        x, y = global_batch(data, batch, config.seq_len, generator)
-        x = split_data(x, dp_comm.rank, dp_comm.size).to(device)
-        y = split_data(y, dp_comm.rank, dp_comm.size).to(device)
-        loss = model.loss(x, y)
-        optimizer.zero_grad(set_to_none=False)
-        loss.backward()
-        if dp_comm.size > 1:
-            average_gradients(model, dp_comm)
-        optimizer.step()
-        total = dp_comm.all_reduce(loss.detach().reshape(1).clone()) / dp_comm.size
-        result.loss.append(total.item())  # .item() waits for the step to finish
+        with annotate("train step", payload=step):
+            x, y = global_batch(data, batch, config.seq_len, generator)
+            x = split_data(x, dp_comm.rank, dp_comm.size).to(device)
+            y = split_data(y, dp_comm.rank, dp_comm.size).to(device)
+            with annotate("forward"):
+                loss = model.loss(x, y)
+            optimizer.zero_grad(set_to_none=False)
+            with annotate("backward"):
+                loss.backward()
+            if dp_comm.size > 1:
+                with annotate("DP gradient average"):
+                    average_gradients(model, dp_comm)
+            with annotate("optimizer step"):
+                optimizer.step()
+            total = dp_comm.all_reduce(loss.detach().reshape(1).clone()) / dp_comm.size
+            result.loss.append(total.item())  # .item() waits for the step to finish
         result.step_ms.append((time.perf_counter() - start) * 1e3)
         if log is not None:
             log(step, result.loss[-1], result.step_ms[-1])

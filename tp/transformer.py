@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from profiling.nvtx import annotate
+
 from .layers import ColumnParallelLinear, RowParallelLinear
 
 
@@ -39,6 +41,8 @@ class GPTConfig:
 
 class TransformerLayer(nn.Module):
     """One pre-LN decoder layer, tensor-parallel over ``comm``; input and output (B, T, hidden).
+    ``name`` prefixes its NVTX ranges (``<name> forward``, ``<name>.attention``) and its TP
+    layers' (``<name>.fc_q`` ... ``<name>.fc2``).
 
     Raises:
         ValueError: ``heads`` not a multiple of the TP size, or ``hidden`` not a multiple of
@@ -46,7 +50,8 @@ class TransformerLayer(nn.Module):
     """
 
     def __init__(self, hidden: int, heads: int, comm, *, mlp_ratio: int = 4,
-                 backend: str = "cublas", overlap: bool = True, device=None, dtype=None):
+                 backend: str = "cublas", overlap: bool = True, device=None, dtype=None,
+                 name: str = "layer"):
         super().__init__()
         if heads % comm.size or hidden % heads:
             raise ValueError(f"heads={heads} must be a multiple of the TP size {comm.size} and "
@@ -55,25 +60,30 @@ class TransformerLayer(nn.Module):
         self.local_heads, self.head_dim = heads // comm.size, hidden // heads
         self.ln1 = nn.LayerNorm(hidden, device=device, dtype=dtype)
         self.fc_q, self.fc_k, self.fc_v = (
-            ColumnParallelLinear(hidden, hidden, comm, master=nn.Linear(hidden, hidden), **common)
-            for _ in range(3))
+            ColumnParallelLinear(hidden, hidden, comm, master=nn.Linear(hidden, hidden),
+                                 name=f"{name}.{fc}", **common)
+            for fc in ("fc_q", "fc_k", "fc_v"))
         self.fc_o = RowParallelLinear(hidden, hidden, comm, master=nn.Linear(hidden, hidden),
-                                      **common)
+                                      name=f"{name}.fc_o", **common)
         self.ln2 = nn.LayerNorm(hidden, device=device, dtype=dtype)
         inner = mlp_ratio * hidden
         self.fc1 = ColumnParallelLinear(hidden, inner, comm, activation="relu",
-                                        master=nn.Linear(hidden, inner), **common)
+                                        master=nn.Linear(hidden, inner), name=f"{name}.fc1",
+                                        **common)
         self.fc2 = RowParallelLinear(inner, hidden, comm, master=nn.Linear(inner, hidden),
-                                     **common)
+                                     name=f"{name}.fc2", **common)
+        self.name = name
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
-        h = self.ln1(x)
-        q, k, v = (fc(h).view(b, t, self.local_heads, self.head_dim).transpose(1, 2)
-                   for fc in (self.fc_q, self.fc_k, self.fc_v))
-        attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.fc_o(attn.transpose(1, 2).reshape(b, t, self.local_heads * self.head_dim))
-        return x + self.fc2(self.fc1(self.ln2(x)))
+        with annotate(f"{self.name} forward"):
+            h = self.ln1(x)
+            q, k, v = (fc(h).view(b, t, self.local_heads, self.head_dim).transpose(1, 2)
+                       for fc in (self.fc_q, self.fc_k, self.fc_v))
+            with annotate(f"{self.name}.attention"):
+                attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + self.fc_o(attn.transpose(1, 2).reshape(b, t, self.local_heads * self.head_dim))
+            return x + self.fc2(self.fc1(self.ln2(x)))
 
 
 class GPT(nn.Module):
@@ -94,8 +104,9 @@ class GPT(nn.Module):
             self.pos = nn.Embedding(config.seq_len, config.hidden)
             self.layers = nn.ModuleList(
                 TransformerLayer(config.hidden, config.heads, comm, mlp_ratio=config.mlp_ratio,
-                                 backend=backend, overlap=overlap, device=device, dtype=dtype)
-                for _ in range(config.layers))
+                                 backend=backend, overlap=overlap, device=device, dtype=dtype,
+                                 name=f"layer{i}")
+                for i in range(config.layers))
             self.ln_f = nn.LayerNorm(config.hidden)
             self.head = nn.Linear(config.hidden, config.vocab)
         self.to(device=device, dtype=dtype)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import os
 import shutil
 import warnings
 from dataclasses import dataclass, field
@@ -173,18 +174,28 @@ def compile_options(arch: str, defines: tuple[str, ...]) -> tuple[str, ...]:
     return (f"-arch={arch}", "-std=c++17", f"-I{SOURCE_DIR}", *defines)
 
 
+def toolkit_include_dirs() -> tuple[Path, ...]:
+    """Include directories of the CUDA toolkits on this machine, most specific first:
+    ``$CUDA_HOME``, ``$CUDA_PATH``, the toolkit of the ``nvcc`` on PATH, ``/usr/local/cuda``
+    (those that exist, without repeats)."""
+    roots = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")]
+    if (nvcc := shutil.which("nvcc")) is not None:
+        roots.append(str(Path(nvcc).resolve().parent.parent))
+    roots.append("/usr/local/cuda")
+    dirs = [Path(root) / "include" for root in roots if root]
+    return tuple(dict.fromkeys(d for d in dirs if (d / "cuda_runtime_api.h").is_file()))
+
+
 @functools.cache
 def _toolkit_includes() -> tuple[str, ...]:
     """``-I`` options that let NVRTC find cuda_fp16.h, cuda_bf16.h and mma.h with the crt/
     headers mma.h includes: CuPy's CUDA path (which may be a pip wheel without crt/), then the
-    toolkit of the nvcc on PATH."""
+    toolkits of ``toolkit_include_dirs``."""
     import cupy
 
-    roots = [cupy.cuda.get_cuda_path()]
-    if (nvcc := shutil.which("nvcc")) is not None:
-        roots.append(str(Path(nvcc).resolve().parent.parent))
-    return tuple(f"-I{Path(root) / 'include'}" for root in roots
-                 if root is not None and (Path(root) / "include").is_dir())
+    cupy_root = cupy.cuda.get_cuda_path()
+    dirs = ([Path(cupy_root) / "include"] if cupy_root else []) + list(toolkit_include_dirs())
+    return tuple(f"-I{d}" for d in dict.fromkeys(dirs) if d.is_dir())
 
 
 @functools.cache

@@ -38,6 +38,8 @@ from collections.abc import Callable
 
 import torch
 
+from profiling.nvtx import annotate
+
 
 class Work:
     """Handle of an asynchronous operation; ``wait()`` returns its result tensor."""
@@ -114,7 +116,7 @@ class Communicator(ABC):
         """
         self._check(tensor, reduce=True)
         out = tensor if out is None else self._check_out(out, tensor, tensor.shape)
-        return self._launch(self._all_reduce, tensor, out, stream, async_op)
+        return self._launch("all_reduce", self._all_reduce, tensor, out, stream, async_op)
 
     def all_gather(self, tensor: torch.Tensor, *, out: torch.Tensor | None = None,
                    stream: torch.cuda.Stream | None = None, async_op: bool = False):
@@ -122,7 +124,7 @@ class Communicator(ABC):
         self._check(tensor)
         shape = (self.size * tensor.shape[0], *tensor.shape[1:]) if tensor.dim() else (self.size,)
         out = self._new_or_checked(out, tensor, shape)
-        return self._launch(self._all_gather, tensor, out, stream, async_op)
+        return self._launch("all_gather", self._all_gather, tensor, out, stream, async_op)
 
     def reduce_scatter(self, tensor: torch.Tensor, *, out: torch.Tensor | None = None,
                        stream: torch.cuda.Stream | None = None, async_op: bool = False):
@@ -133,7 +135,8 @@ class Communicator(ABC):
         """
         self._check(tensor, reduce=True, blocks=True)
         out = self._new_or_checked(out, tensor, (tensor.shape[0] // self.size, *tensor.shape[1:]))
-        return self._launch(self._reduce_scatter, tensor, out, stream, async_op)
+        return self._launch("reduce_scatter", self._reduce_scatter, tensor, out, stream,
+                            async_op)
 
     def all_to_all(self, tensor: torch.Tensor, *, out: torch.Tensor | None = None,
                    stream: torch.cuda.Stream | None = None, async_op: bool = False):
@@ -144,22 +147,22 @@ class Communicator(ABC):
         """
         self._check(tensor, blocks=True)
         out = self._new_or_checked(out, tensor, tensor.shape)
-        return self._launch(self._all_to_all, tensor, out, stream, async_op)
+        return self._launch("all_to_all", self._all_to_all, tensor, out, stream, async_op)
 
     def broadcast(self, tensor: torch.Tensor, root: int = 0, *,
                   stream: torch.cuda.Stream | None = None, async_op: bool = False):
         """Overwrite every rank's ``tensor`` with root's, in place."""
         self._check(tensor)
         self._check_peer(root, "root")
-        return self._launch(lambda _, buf: self._broadcast(buf, root), tensor, tensor,
-                            stream, async_op, reads_out=True)
+        return self._launch("broadcast", lambda _, buf: self._broadcast(buf, root), tensor,
+                            tensor, stream, async_op, reads_out=True)
 
     def send(self, tensor: torch.Tensor, dst: int, *,
              stream: torch.cuda.Stream | None = None, async_op: bool = False):
         """Send ``tensor`` to rank ``dst`` (which must post a matching ``recv``)."""
         self._check(tensor)
         self._check_peer(dst, "dst", distinct=True)
-        return self._launch(lambda src, _: self._send(src, dst), tensor, tensor,
+        return self._launch("send", lambda src, _: self._send(src, dst), tensor, tensor,
                             stream, async_op, writes_out=False, collective=False)
 
     def recv(self, tensor: torch.Tensor, src: int, *,
@@ -171,7 +174,7 @@ class Communicator(ABC):
         """
         self._check(tensor)
         self._check_peer(src, "src", distinct=True)
-        return self._launch(lambda _, buf: self._recv(buf, src), tensor, tensor,
+        return self._launch("recv", lambda _, buf: self._recv(buf, src), tensor, tensor,
                             stream, async_op, reads_in=False, collective=False)
 
     def close(self) -> None:
@@ -224,14 +227,21 @@ class Communicator(ABC):
         return self._check_out(out, like, shape)
 
     # Execution.
-    def _launch(self, op, src: torch.Tensor, dst: torch.Tensor, stream, async_op: bool,
-                reads_in: bool = True, reads_out: bool = False, writes_out: bool = True,
-                collective: bool = True):
-        """Run ``op(flat_src, flat_dst)`` under this backend's execution model.
+    def _launch(self, label: str, op, src: torch.Tensor, dst: torch.Tensor, stream,
+                async_op: bool, reads_in: bool = True, reads_out: bool = False,
+                writes_out: bool = True, collective: bool = True):
+        """Run ``op(flat_src, flat_dst)`` under this backend's execution model, inside the
+        NVTX range ``"<backend> <label>"`` (e.g. ``nccl all_reduce``).
 
         A synchronous host-driven collective first waits for this communicator's pending
         asynchronous work; point-to-point calls do not, so an asynchronous ``send`` can
         overlap a synchronous ``recv``."""
+        with annotate(f"{self.name} {label}"):
+            return self._execute(op, src, dst, stream, async_op, reads_in, reads_out,
+                                         writes_out, collective)
+
+    def _execute(self, op, src, dst, stream, async_op, reads_in, reads_out, writes_out,
+                         collective):
         if stream is not None and not src.is_cuda:
             raise ValueError("stream= applies to CUDA tensors only")
         if src.is_cuda:

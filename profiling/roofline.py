@@ -1,6 +1,6 @@
-"""``gemmlab bench --roofline``: the ceilings measured in the same run, and every timed row as a
-point under them (Williams, Waterman and Patterson, "Roofline: an insightful visual performance
-model for multicore architectures", CACM 2009).
+"""The roofline of ``gemmlab bench --roofline``: the ceilings measured in the same run, and
+every timed row as a point under them (Williams, Waterman and Patterson, "Roofline: an
+insightful visual performance model for multicore architectures", CACM 2009).
 
 - Compute ceiling per dtype: cuBLAS (plain A @ B, no epilogue) at 8192^3 in that dtype, the
   best this GPU does in practice rather than the datasheet peak.
@@ -16,8 +16,7 @@ from pathlib import Path
 import torch
 
 import backends
-
-from .timing import time_ms
+from bench.timing import time_ms
 
 CEILING_SHAPE = 8192
 COPY_BYTES = 1 << 30
