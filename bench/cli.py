@@ -13,7 +13,9 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from . import tune
+from profiling import cli as profile
+
+from . import scale, tune
 
 NO_GPU_BANNER = ("No CUDA GPU found: running the CPU functional check only (small shapes; "
                  "cublas and torch_unfused run torch's CPU BLAS, triton_fused runs under the "
@@ -507,6 +509,8 @@ def build_parser() -> argparse.ArgumentParser:
     tr.set_defaults(func=cmd_train)
 
     tune.add_parser(sub)
+    scale.add_parser(sub)
+    profile.add_parser(sub)
 
     info = sub.add_parser("info", help="which backends run on this machine, and why not")
     info.set_defaults(func=cmd_info)

@@ -4,9 +4,9 @@
 
 For each P in ``--ranks``, in order, runs
 
-    <mpiexec> -n P python3 -m bench.scale scale strong|weak <flags> --out DIR/P<P>
+    <mpiexec> -n P python3 -m bench.cli scale strong|weak <flags> --out DIR/P<P>
 
-(``bench.scale``'s own entry point: the same command line as ``gemmlab scale``) from the
+(``gemmlab scale`` through ``python3 -m bench.cli``: no installed script needed) from the
 repository root, killed after ``--timeout`` seconds, its output in ``DIR/P<P>/log.txt``. A P
 the machine cannot run (the run exits with ``bench.scale.CANNOT_RUN``: more ranks on a node
 than GPUs) is reported and skipped; any other failure (nonzero exit, timeout, a workload that
@@ -64,7 +64,7 @@ def run_one(mpiexec: list[str], p: int, mode: str, flags: list[str], out: Path,
     killed, ranks included."""
     out.mkdir(parents=True, exist_ok=True)
     log = out / "log.txt"
-    cmd = [*mpiexec, "-n", str(p), sys.executable, "-m", "bench.scale", "scale", mode, *flags,
+    cmd = [*mpiexec, "-n", str(p), sys.executable, "-m", "bench.cli", "scale", mode, *flags,
            "--out", str(out)]
     with log.open("w") as f:
         f.write(shlex.join(cmd) + "\n")
@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = []
     failed = False
     for p in ranks:
-        console.print(f"P={p}: running gemmlab scale {args.mode} on {p} ranks ...")
+        console.print(f"P={p}: gemmlab scale {args.mode} under {shlex.join(mpiexec)} -n {p} ...")
         status, reason = run_one(mpiexec, p, args.mode, flags, out / f"P{p}", args.timeout)
         runs.append({"P": p, "status": status, "reason": reason, "dir": str(out / f"P{p}")})
         if status == "ok":

@@ -18,6 +18,10 @@ def _command(args: argparse.Namespace) -> list[str]:
     return args.command[1:] if args.command[:1] == ["--"] else args.command
 
 
+def _csv(text: str) -> tuple[str, ...]:
+    return tuple(item.strip() for item in text.split(",") if item.strip())
+
+
 def _fmt(value, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
@@ -33,16 +37,19 @@ def _regex(text: str) -> str:
 def cmd_ncu(args: argparse.Namespace, console: Console) -> int:
     """Returns the profiled command's exit status, 2 when ncu is missing or the command is
     empty, 1 when no kernel was profiled."""
-    sections = tuple(s.strip() for s in args.sections.split(",") if s.strip())
     try:
-        status, rows, commands = ncu.run(_command(args), args.out, ranges=args.ranges,
-                                         sections=sections, launch_count=args.launch_count,
-                                         kernel_name=args.kernel_name)
+        status, rows, commands = ncu.run(
+            _command(args), args.out, ranges=args.ranges, sections=_csv(args.sections),
+            launch_count=args.launch_count, kernel_name=args.kernel_name,
+            metrics=(*ncu.EXTRA_METRICS, *_csv(args.metrics or "")))
     except (ncu.ToolMissing, ValueError) as exc:
         console.print(f"error: {exc}")
         return 2
     except RuntimeError as exc:
         console.print(f"error: {exc}")
+        return 1
+    if not rows:
+        console.print(f"error: no kernel in the report {args.out}/report.ncu-rep")
         return 1
     from bench.results import collect_meta, write_results
 
@@ -53,19 +60,15 @@ def cmd_ncu(args: argparse.Namespace, console: Console) -> int:
     for r in rows:
         smem = (None if r["smem_static_bytes"] is None
                 else r["smem_static_bytes"] + (r["smem_dynamic_bytes"] or 0))
+        megabytes = [None if r[key] is None else r[key] / 1e6
+                     for key in ("dram_read_bytes", "dram_write_bytes")]
         table.add_row(str(r["id"]), r["range"] or "-", ncu.short_name(r["kernel"]),
                       _fmt(r["grid_size"], ".0f"), _fmt(r["block_size"], ".0f"),
                       _fmt(r["duration_us"], ".1f"), _fmt(r["sm_pct"], ".1f"),
                       _fmt(r["dram_pct"], ".1f"), _fmt(r["achieved_occupancy_pct"], ".1f"),
                       _fmt(r["registers"], ".0f"), _fmt(smem, ".0f"), _fmt(r["tflops"], ".2f"),
-                      _fmt(None if r["dram_read_bytes"] is None else r["dram_read_bytes"] / 1e6,
-                           ".2f"),
-                      _fmt(None if r["dram_write_bytes"] is None else r["dram_write_bytes"] / 1e6,
-                           ".2f"))
+                      *(_fmt(mb, ".2f") for mb in megabytes))
     console.print(table)
-    if not rows:
-        console.print("no kernel in the report")
-        return 1
     for path in write_results(args.out, collect_meta(), rows, ncu.plot, **commands,
                               profiled_status=status):
         console.print(f"wrote {path}")
@@ -141,6 +144,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                     "(cuda_regblock); repeat for several (default: every gemmlab range)")
     nc.add_argument("--sections", default=",".join(ncu.SECTIONS),
                     help=f"comma list of ncu sections (default: {','.join(ncu.SECTIONS)})")
+    nc.add_argument("--metrics", help="comma list of metrics to collect on top of the sections "
+                    "and the FLOP counters (they land in raw.csv)")
     nc.add_argument("-c", "--launch-count", type=int,
                     help="profile at most this many kernels (default: all that match)")
     nc.add_argument("--kernel-name", help="ncu --kernel-name filter: a name or regex:...")

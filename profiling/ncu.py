@@ -5,26 +5,29 @@ report, exports its raw page as CSV and turns it into one row per profiled kerne
 
     ncu --clock-control none --nvtx --nvtx-include "gemmlab@cuda_regblock/" \
         --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
-        --section LaunchStats --section SpeedOfLight_RooflineChart --metrics <FLOP counters> \
+        --section LaunchStats --section SpeedOfLight_RooflineChart --metrics <EXTRA_METRICS> \
         -o <out>/report -f <command...>
     ncu --import <out>/report.ncu-rep --csv --page raw --print-units base
 
 ``--clock-control none`` leaves the GPU at its own clocks (the machines are shared, and the
 bench measures at those clocks); the trailing slash of the NVTX filter selects push/pop
-ranges, which is what ``profiling.nvtx.annotate`` opens. Metric names and the section files
-they come from: Nsight Compute's Profiling Guide and its ``sections/*.section`` files
-(2025.3); every name below was checked against ``ncu --query-metrics --chip gh100`` on the
-H200 machine (``tests/fixtures/profiling/README.md``).
+ranges, which is what ``profiling.nvtx.annotate`` opens. Metric names come from the section
+files of Nsight Compute 2025.3 (``sections/*.section``) and its Profiling Guide; each hardware
+metric was checked against ``ncu --query-metrics --chip gh100`` on the H200 machine, which
+matters because ncu drops an unknown ``--metrics`` name without a word
+(``tests/fixtures/profiling/README.md``).
 
-Achieved FLOPs are counted the way the roofline sections count them
-(``SpeedOfLight_RooflineChart``: FADD + FMUL + 2 FFMA; ``..._HierarchicalHalfRooflineChart``:
-2 HADD + 2 HMUL + 4 HFMA, the half instructions being two-wide; the double roofline likewise),
-from the predicated-on thread-instruction counters, plus the tensor-core datapath's operation
-counters (``sm__ops_path_tensor_src_*``, one count per floating-point operation, as the tensor
-roofline plots them)::
+Achieved FLOPs are counted the way the roofline sections count them, from the predicated-on
+thread-instruction counters (``SpeedOfLight_RooflineChart``: FADD + FMUL + 2 FFMA, and the
+same for doubles; ``SpeedOfLight_HierarchicalHalfRooflineChart``: 2 HADD + 2 HMUL + 4 HFMA, the
+half instructions being two-wide), plus the tensor-core datapath's counters by source type
+(``sm__ops_path_tensor_src_*``, one count per FLOP: on the H200 a 2048^3 GEMM counted
+2 * 2048^3 there, for ``mma.sync`` and ``wgmma`` kernels alike)::
 
     FLOP = fadd + fmul + 2 ffma + 2 (hadd + hmul) + 4 hfma + dadd + dmul + 2 dfma + tensor ops
     FLOP/s = FLOP / gpu__time_duration
+
+(the integer tensor paths, ``sm__ops_path_tensor_src_int*``, are not FLOPs and are left out).
 """
 
 from __future__ import annotations
@@ -58,32 +61,39 @@ COLUMNS = {
     "dram__bytes_write.sum": "dram_write_bytes",
 }
 _OP = "smsp__sass_thread_inst_executed_op_{}_pred_on.sum"
-# FLOPs per predicated-on thread instruction, as the roofline sections weigh them.
-INSTRUCTION_FLOPS = {_OP.format(op): flops for op, flops in (
-    ("fadd", 1), ("fmul", 1), ("ffma", 2), ("hadd", 2), ("hmul", 2), ("hfma", 4),
-    ("dadd", 1), ("dmul", 1), ("dfma", 2))}
+# Per precision: FLOPs per predicated-on thread instruction, as the roofline sections weigh them.
+INSTRUCTION_FLOPS = {
+    "flop_fp32": {_OP.format("fadd"): 1, _OP.format("fmul"): 1, _OP.format("ffma"): 2},
+    "flop_fp16": {_OP.format("hadd"): 2, _OP.format("hmul"): 2, _OP.format("hfma"): 4},
+    "flop_fp64": {_OP.format("dadd"): 1, _OP.format("dmul"): 1, _OP.format("dfma"): 2},
+}
 TENSOR_OPS = tuple(f"sm__ops_path_tensor_src_{path}.sum" for path in (
-    "fp16_dst_fp16", "fp16_dst_fp32", "bf16_dst_fp32", "tf32_dst_fp32", "fp64"))
+    "fp16", "bf16_dst_fp32", "tf32_dst_fp32", "fp64", "fp8"))
+FLOP_COUNTERS = {**INSTRUCTION_FLOPS, "flop_tensor": dict.fromkeys(TENSOR_OPS, 1)}
 # Collected on top of the sections: the roofline sections read these counters only as
 # per-cycle rates, and DRAM bytes split by direction.
-EXTRA_METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum", *INSTRUCTION_FLOPS,
-                 *TENSOR_OPS)
+EXTRA_METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum",
+                 *(name for weights in FLOP_COUNTERS.values() for name in weights))
 
 
 class ToolMissing(RuntimeError):
     """A profiler executable is not on PATH."""
 
 
+WHERE = {"ncu": "install Nsight Compute (CUDA toolkits ship it) or put its ncu on PATH",
+         "nsys": "install Nsight Systems, or put the nsys inside Nsight Compute "
+                 "(<nsight-compute>/host/target-linux-x64/nsys) on PATH"}
+
+
 def require(tool: str) -> str:
-    """The path of ``tool`` on PATH.
+    """The path of ``tool`` (``ncu`` or ``nsys``) on PATH.
 
     Raises:
-        ToolMissing: with a one-line message naming the tool and where it comes from.
+        ToolMissing: with a one-line message naming the tool and where to get it.
     """
     path = shutil.which(tool)
     if path is None:
-        raise ToolMissing(f"{tool} not found on PATH: install Nsight Compute (it ships ncu, and "
-                          "a copy of nsys) or put it on PATH")
+        raise ToolMissing(f"{tool} not found on PATH: {WHERE[tool]}")
     return path
 
 
@@ -104,7 +114,8 @@ def build_command(command: list[str], report: str | Path, *, ranges: list[str] |
     ``ranges``: NVTX push/pop ranges of domain gemmlab to profile (one ``--nvtx-include``
     each; None: every gemmlab range). ``launch_count``: profile at most that many kernels
     (``--launch-count``). ``kernel_name``: ncu's ``--kernel-name`` filter (a name, or
-    ``regex:...``).
+    ``regex:...``). ``metrics``: collected on top of the sections (ncu drops a name the GPU
+    does not have without a word, so check new names with ``ncu --query-metrics``).
 
     Raises:
         ValueError: an empty command.
@@ -141,11 +152,14 @@ def _number(text: str) -> float | None:
 
 
 def _nvtx_range(row: dict[str, str]) -> str | None:
-    """The innermost gemmlab push/pop range a kernel ran in, from the raw page's NVTX
-    columns (present when ncu ran with ``--nvtx``)."""
+    """The gemmlab push/pop ranges a kernel ran in, joined by " > " in the order ncu lists the
+    stack, from the raw page's ``thread Domain:Push/Pop_Range:...`` column (present when ncu
+    ran with ``--nvtx``), whose cell reads ``<tid>  "gemmlab:<range>:<payload type>:..."``."""
     for key, value in row.items():
-        if "Push/Pop" in key and value and f"{DOMAIN}" in value:
-            return value.rsplit(f"{DOMAIN}:", 1)[-1].split(":")[0]
+        if "Push/Pop_Range" in key:
+            names = [entry.split(":")[1] for entry in re.findall(r'"([^"]*)"', value)
+                     if entry.startswith(f"{DOMAIN}:")]
+            return " > ".join(names) or None
     return None
 
 
@@ -172,40 +186,43 @@ def parse_raw_csv(text: str) -> list[dict]:
                          "and naming \"Kernel Name\"")
     header, units = lines[start], lines[start + 1]
     unit = dict(zip(header, units))
-    if DURATION in unit and unit[DURATION] != "ns" and unit[DURATION] != "nsecond":
+    if unit.get(DURATION, "ns") not in ("ns", "nsecond"):
         raise ValueError(f"{DURATION} is in {unit[DURATION]!r}, expected ns: export with "
                          "--print-units base")
     rows = []
     for values in lines[start + 2:]:
-        if len(values) != len(header):
+        if len(values) != len(header):  # a blank or cut-off line
             continue
         raw = dict(zip(header, values))
-        num = {key: _number(value) for key, value in raw.items() if key in unit}
+        num = {key: _number(value) for key, value in raw.items()}
         duration_ns = num.get(DURATION)
         out = {"id": int(raw["ID"]), "kernel": raw["Kernel Name"], "range": _nvtx_range(raw),
                "duration_us": None if duration_ns is None else duration_ns / 1e3}
         out |= {key: num.get(metric) for metric, key in COLUMNS.items()}
-        parts = {"flop_fp32": ("fadd", "fmul", "ffma"), "flop_fp16": ("hadd", "hmul", "hfma"),
-                 "flop_fp64": ("dadd", "dmul", "dfma")}
-        for key, ops in parts.items():
-            counts = [num.get(_OP.format(op)) for op in ops]
-            out[key] = (None if all(c is None for c in counts) else
-                        sum(INSTRUCTION_FLOPS[_OP.format(op)] * (c or 0)
-                            for op, c in zip(ops, counts)))
-        tensor = [num.get(metric) for metric in TENSOR_OPS]
-        out["flop_tensor"] = (None if all(t is None for t in tensor)
-                              else sum(t or 0 for t in tensor))
-        found = [out[key] for key in (*parts, "flop_tensor") if out[key] is not None]
-        out["flop"] = sum(found) if found else None
+        out |= flops(num)
         out["tflops"] = (None if out["flop"] is None or not duration_ns
                          else out["flop"] / (duration_ns * 1e-9) / 1e12)
         rows.append(out)
     return rows
 
 
+def flops(counters: dict[str, float | None]) -> dict[str, float | None]:
+    """FLOPs from metric values (name -> value, None or absent when not collected), by the
+    module docstring's formula: ``flop_fp32``, ``flop_fp16``, ``flop_fp64``, ``flop_tensor``
+    and their sum ``flop``; a part none of whose counters was collected is None."""
+    out: dict[str, float | None] = {}
+    for key, weights in FLOP_COUNTERS.items():
+        values = [(counters.get(name), weight) for name, weight in weights.items()]
+        out[key] = (None if all(value is None for value, _ in values)
+                    else sum(float(value or 0) * weight for value, weight in values))
+    found = [value for value in out.values() if value is not None]
+    return out | {"flop": sum(found) if found else None}
+
+
 def run(command: list[str], out_dir: str | Path, *, ranges: list[str] | None = None,
         sections: tuple[str, ...] = SECTIONS, launch_count: int | None = None,
-        kernel_name: str | None = None) -> tuple[int, list[dict], dict]:
+        kernel_name: str | None = None,
+        metrics: tuple[str, ...] = EXTRA_METRICS) -> tuple[int, list[dict], dict]:
     """Profile ``command`` into ``out_dir/report.ncu-rep``, export ``out_dir/raw.csv`` and
     parse it.
 
@@ -221,7 +238,8 @@ def run(command: list[str], out_dir: str | Path, *, ranges: list[str] | None = N
     out.mkdir(parents=True, exist_ok=True)
     report = out / "report"
     argv = build_command(command, report, ranges=ranges, sections=sections,
-                         launch_count=launch_count, kernel_name=kernel_name, ncu=ncu)
+                         launch_count=launch_count, kernel_name=kernel_name, metrics=metrics,
+                         ncu=ncu)
     status = subprocess.run(argv).returncode
     if not report.with_suffix(".ncu-rep").exists():
         raise RuntimeError(f"ncu wrote no report (exit status {status}); no kernel matched the "
@@ -244,7 +262,7 @@ def plot(rows: list[dict], path: Path) -> None:
     labels = [f"{r['id']} {r['range'] or ''} {short_name(r['kernel'])}" for r in rows]
     keys = (("sm_pct", "SM throughput"), ("dram_pct", "DRAM throughput"),
             ("achieved_occupancy_pct", "achieved occupancy"))
-    fig, ax = plt.subplots(figsize=(10, 1 + 0.5 * len(rows) * len(keys)))
+    fig, ax = plt.subplots(figsize=(10, 1 + 0.25 * len(rows) * len(keys)))
     height = 0.8 / len(keys)
     for i, (key, label) in enumerate(keys):
         ax.barh([j + i * height for j in range(len(rows))], [r[key] or 0 for r in rows],

@@ -41,37 +41,44 @@ class GPTConfig:
 
 class TransformerLayer(nn.Module):
     """One pre-LN decoder layer, tensor-parallel over ``comm``; input and output (B, T, hidden).
-    ``name`` prefixes its NVTX ranges (``<name> forward``, ``<name>.attention``) and its TP
-    layers' (``<name>.fc_q`` ... ``<name>.fc2``).
+
+    Attention has ``heads`` heads of ``head_dim`` (default hidden / heads), so its width
+    heads * head_dim may differ from ``hidden`` (weak scaling widens it). ``chunks`` and
+    ``sm_margin`` go to the row-parallel and overlapped GEMMs (see ``tp.layers``). ``name``
+    prefixes its NVTX ranges (``<name> forward``, ``<name>.attention``) and its TP layers'
+    (``<name>.fc_q`` ... ``<name>.fc2``).
 
     Raises:
-        ValueError: ``heads`` not a multiple of the TP size, or ``hidden`` not a multiple of
-            ``heads``.
+        ValueError: ``heads`` not a multiple of the TP size, or, without ``head_dim``,
+            ``hidden`` not a multiple of ``heads``.
     """
 
     def __init__(self, hidden: int, heads: int, comm, *, mlp_ratio: int = 4,
+                 head_dim: int | None = None, chunks: int = 4, sm_margin: int = 0,
                  backend: str = "cublas", overlap: bool = True, device=None, dtype=None,
                  name: str = "layer"):
         super().__init__()
-        if heads % comm.size or hidden % heads:
+        if heads % comm.size or (head_dim is None and hidden % heads):
             raise ValueError(f"heads={heads} must be a multiple of the TP size {comm.size} and "
                              f"divide hidden={hidden}")
-        common = {"backend": backend, "overlap": overlap, "device": device, "dtype": dtype}
-        self.local_heads, self.head_dim = heads // comm.size, hidden // heads
+        common = {"backend": backend, "overlap": overlap, "sm_margin": sm_margin,
+                  "device": device, "dtype": dtype}
+        self.local_heads, self.head_dim = heads // comm.size, head_dim or hidden // heads
+        width = heads * self.head_dim
         self.ln1 = nn.LayerNorm(hidden, device=device, dtype=dtype)
         self.fc_q, self.fc_k, self.fc_v = (
-            ColumnParallelLinear(hidden, hidden, comm, master=nn.Linear(hidden, hidden),
+            ColumnParallelLinear(hidden, width, comm, master=nn.Linear(hidden, width),
                                  name=f"{name}.{fc}", **common)
             for fc in ("fc_q", "fc_k", "fc_v"))
-        self.fc_o = RowParallelLinear(hidden, hidden, comm, master=nn.Linear(hidden, hidden),
-                                      name=f"{name}.fc_o", **common)
+        self.fc_o = RowParallelLinear(width, hidden, comm, master=nn.Linear(width, hidden),
+                                      chunks=chunks, name=f"{name}.fc_o", **common)
         self.ln2 = nn.LayerNorm(hidden, device=device, dtype=dtype)
         inner = mlp_ratio * hidden
         self.fc1 = ColumnParallelLinear(hidden, inner, comm, activation="relu",
                                         master=nn.Linear(hidden, inner), name=f"{name}.fc1",
                                         **common)
         self.fc2 = RowParallelLinear(inner, hidden, comm, master=nn.Linear(inner, hidden),
-                                     name=f"{name}.fc2", **common)
+                                     chunks=chunks, name=f"{name}.fc2", **common)
         self.name = name
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,123 @@
+"""``gemmlab scale`` (run as ``python -m bench.cli scale``) and the scaling series on CPU
+ranks, every run under ``mpiexec`` with a timeout."""
+
+import json
+import shlex
+
+import pytest
+from test_comm import MPIEXEC, mpirun, needs_mpi
+
+from bench import scale_series
+
+pytestmark = needs_mpi
+
+# hidden 32, 2 heads (head_dim 16), FFN 4 x 32; 4 sequences of 16 tokens.
+TINY = ["--device", "cpu", "--tokens", "64", "--hidden", "32", "--heads", "2", "--seq", "16",
+        "--iters", "2", "--warmup", "1"]
+
+
+def _check_rows(rows, p):
+    assert [r["workload"] for r in rows] == ["mlp", "layer"]
+    for r in rows:
+        assert r["P"] == p and r["ok"] and r["max_rel_err"] <= 1e-5
+        assert r["step_ms"] > 0 and 0 <= r["comm_share"] <= 1 and r["tflops_per_gpu"] > 0
+        assert r["comm_share"] == pytest.approx(r["comm_ms"] / r["step_ms"])
+        assert r["tflops_per_gpu"] == pytest.approx(
+            r["flops_per_gpu"] / (r["step_ms"] * 1e-3) / 1e12)
+        assert (r["tokens"], r["hidden"], r["dtype"]) == (64, 32, "fp32")
+    mlp, layer = rows
+    if p == 1:  # one rank: the layers call no collective
+        assert mlp["comm_ms"] == layer["comm_ms"] == mlp["collectives"] == 0
+    else:
+        # MLP: fc2's 4 chunk all-reduces of (64, 32) + fc1's dX all-reduce, fp32.
+        assert mlp["collectives"] == 5 and mlp["comm_bytes"] == 2 * 64 * 32 * 4
+        # Layer: fc_o's and fc2's chunks + the dX all-reduces of fc_q, fc_k, fc_v and fc1.
+        assert layer["collectives"] == 12 and layer["comm_bytes"] == 6 * 64 * 32 * 4
+        assert mlp["comm_ms"] > 0 and layer["comm_ms"] > 0
+
+
+def test_weak_scaling_grows_ffn_and_heads_with_p(tmp_path):
+    rows = {}
+    for p in (1, 2):
+        result = mpirun(p, "-m", "bench.cli", "scale", "weak", *TINY, "--out",
+                        str(tmp_path / f"P{p}"), timeout=60)
+        assert result.returncode == 0, result.stdout + result.stderr
+        rows[p] = json.loads((tmp_path / f"P{p}" / "results.json").read_text())["rows"]
+        _check_rows(rows[p], p)
+        mlp, layer = rows[p]
+        assert mlp["ffn"] == layer["ffn"] == 4 * 32 * p
+        assert (layer["heads"], layer["head_dim"], layer["seq"]) == (2 * p, 16, 16)
+        assert mlp["mode"] == "weak" and "ffn = r*h*P" in mlp["rule"]
+    for a, b in zip(rows[1], rows[2]):  # each rank does the P = 1 work
+        assert a["flops_per_gpu"] == b["flops_per_gpu"]
+
+
+def test_strong_series_merges_speedup_and_efficiency(tmp_path, capsys):
+    status = scale_series.main(["strong", "--ranks", "1,2", "--out", str(tmp_path),
+                                "--timeout", "60", "--", *TINY])
+    printed = capsys.readouterr().out
+    assert status == 0, printed + "".join(
+        (tmp_path / f"P{p}" / "log.txt").read_text() for p in (1, 2))
+    assert "TP strong scaling" in printed and "efficiency" in printed
+    per_p = {p: json.loads((tmp_path / f"P{p}" / "results.json").read_text())["rows"]
+             for p in (1, 2)}
+    for p, rows in per_p.items():
+        _check_rows(rows, p)
+        for r in rows:  # the global problem does not change with P
+            assert r["ffn"] == 128 and r["heads"] == (None if r["workload"] == "mlp" else 2)
+    merged = json.loads((tmp_path / "results.json").read_text())
+    assert [run["status"] for run in merged["runs"]] == ["ok", "ok"]
+    assert [(r["workload"], r["P"]) for r in merged["rows"]] == [
+        ("mlp", 1), ("layer", 1), ("mlp", 2), ("layer", 2)]
+    for r in merged["rows"]:
+        t1 = next(x["step_ms"] for x in per_p[1] if x["workload"] == r["workload"])
+        tp = next(x["step_ms"] for x in per_p[r["P"]] if x["workload"] == r["workload"])
+        assert r["step_ms"] == tp
+        assert r["speedup"] == pytest.approx(t1 / tp)
+        assert r["efficiency"] == pytest.approx(t1 / tp / r["P"])
+    assert (tmp_path / "results.csv").read_text().splitlines()[0].count("speedup") == 1
+    assert (tmp_path / "results.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_weak_merge_formulas():
+    rows = {p: [{"workload": "mlp", "P": p, "step_ms": t}] for p, t in ((1, 2.0), (2, 2.5),
+                                                                       (4, 4.0))}
+    merged = scale_series.merge("weak", rows)
+    assert [r["efficiency"] for r in merged] == pytest.approx([1.0, 0.8, 0.5])
+    assert [r["speedup"] for r in merged] == pytest.approx([1.0, 1.6, 2.0])
+    assert scale_series.merge("weak", {2: rows[2]})[0]["speedup"] is None  # no P = 1
+
+
+def test_a_size_the_tp_degree_does_not_divide_is_an_error():
+    result = mpirun(2, "-m", "bench.cli", "scale", "strong", *TINY, "--hidden", "33",
+                    "--ffn-ratio", "1", "--workload", "mlp", timeout=60)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "FFN width 33 (--ffn-ratio 1 x --hidden 33) is not a multiple of the TP size 2" \
+        in result.stdout
+
+
+def test_series_skips_what_the_machine_cannot_run_and_stops_at_a_failure(tmp_path, capsys):
+    # A launcher that runs P = 1, says P = 2 cannot run (as gemmlab scale does with more
+    # ranks than GPUs) and fails at P = 4; P = 8 must not be tried.
+    script = (f'case "$2" in 2) echo "cannot run: fake"; exit 3;; 4) echo boom; exit 5;; '
+              f'*) exec {shlex.quote(MPIEXEC)} "$@";; esac')
+    status = scale_series.main(["weak", "--ranks", "1,2,4,8", "--out", str(tmp_path),
+                                "--timeout", "60", "--mpiexec", f"sh -c {shlex.quote(script)} sh",
+                                "--", *TINY, "--workload", "mlp"])
+    printed = capsys.readouterr().out
+    assert status == 1
+    assert "P=2: skipped: the machine cannot run it: cannot run: fake" in printed
+    assert "P=4: failed: exit status 5" in printed and "boom" in printed
+    assert "keeping P = [1]" in printed and not (tmp_path / "P8").exists()
+    merged = json.loads((tmp_path / "results.json").read_text())
+    assert [(run["P"], run["status"]) for run in merged["runs"]] == [
+        (1, "ok"), (2, "skipped"), (4, "failed")]
+    assert [(r["workload"], r["P"], r["efficiency"]) for r in merged["rows"]] == [
+        ("mlp", 1, 1.0)]
+
+
+def test_series_kills_a_run_past_its_timeout(tmp_path, capsys):
+    status = scale_series.main(["strong", "--ranks", "2", "--out", str(tmp_path), "--timeout",
+                                "1", "--mpiexec", "sh -c 'sleep 30' sh", "--", *TINY])
+    printed = capsys.readouterr().out
+    assert status == 1 and "P=2: failed: timed out after 1 s" in printed
