@@ -65,11 +65,7 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
                       f"{', '.join(backends.BACKENDS)}; dtypes: {', '.join(gb.DTYPES)}; "
                       f"epilogues: {', '.join(gb.EPILOGUES)}")
         return 2
-    status = {s.name: s for s in backends.available()}
-    for name in names:
-        if not status[name].runs:
-            console.print(f"skipped {name}: {status[name].reason}")
-    names = [n for n in names if status[n].runs]
+    names = gb.runnable(names, console.print)
 
     launchers = tuple(_csv(args.launcher))
     if unknown := [x for x in launchers if x not in LAUNCHERS]:

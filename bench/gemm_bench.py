@@ -68,6 +68,16 @@ def parse_shape(text: str) -> tuple[int, int, int]:
     return dims[0], dims[1], dims[2]
 
 
+def runnable(names: list[str], say) -> list[str]:
+    """``names`` less the backends that cannot run on this machine, each reported through
+    ``say`` with the reason."""
+    status = {s.name: s for s in backends.available()}
+    for name in names:
+        if not status[name].runs:
+            say(f"skipped {name}: {status[name].reason}")
+    return [n for n in names if status[n].runs]
+
+
 def supports(backend: backends.Backend, dtype_name: str, device: torch.device) -> bool:
     """Whether ``backend`` takes this dtype (``tf32`` = fp32 with TF32 on) on ``device``."""
     dtype, tf32 = DTYPES[dtype_name]

@@ -410,11 +410,7 @@ def cmd_tune(args: argparse.Namespace, console: Console) -> int:
         console.print(f"error: unknown or not tunable: {', '.join(unknown)}; tunable backends: "
                       f"{', '.join(choices)}; dtypes: {', '.join(gb.DTYPES)}")
         return 2
-    status = {s.name: s for s in backends.available()}
-    for name in names:
-        if not status[name].runs:
-            console.print(f"skipped {name}: {status[name].reason}")
-    names = [n for n in names if status[n].runs]
+    names = gb.runnable(names, console.print)
     path = Path(args.out) if args.out else tuning.table_path()
     if args.budget is not None:
         console.print(f"budget: {args.budget:g} s")
