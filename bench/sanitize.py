@@ -22,7 +22,7 @@ import backends
 from backends.reference import DTYPE_NAMES, TOLERANCES
 from backends.registry import CUDA_KERNELS
 
-from .gemm_bench import parse_shape
+from .gemm_bench import parse_shape, random_operand
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,8 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     wrong = 0
     for name in args.backends.split(","):
         for dtype in CUDA_KERNELS[name].dtypes:
-            a, b, c = (torch.randn(shape, generator=generator, device="cuda").to(dtype)
-                       for shape in ((m, k), (k, n), (m, n)))
+            a, b, c = (random_operand(*shape, dtype=dtype, device=torch.device("cuda"),
+                                      generator=generator) for shape in ((m, k), (k, n), (m, n)))
             out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
             backends.gemm(a, b, c, activation="relu", backend=name, out=out)
             torch.cuda.synchronize()
