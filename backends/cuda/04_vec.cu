@@ -26,8 +26,8 @@
 //   a float4 is wholly inside A or B or wholly outside) or four checked scalar loads per
 //   float4 otherwise: correct at any M, N, K, fast when K and N are multiples of 4.
 //   Elements outside A and B are staged as zeros, so partial tiles need no special case.
-// H200, 4096^3 (2026-11-21): 37.4 TFLOP/s against cuda_regblock's 29.0 and cuBLAS's ~50;
-// 39.7 with BLOCK_K = 16 (kept at 8 here, as in cuda_regblock, to isolate the technique).
+// BLOCK_K stays at 8 here, as in cuda_regblock, to isolate the technique. Measured numbers:
+// the README's ladder tables (bench/results/h200-ladder).
 #include "common.cuh"
 
 #ifndef BLOCK_M

@@ -20,9 +20,9 @@
 // or Bs, or the same one (broadcast): no bank conflicts. One uniform branch per launch picks
 // 16-byte loads (rows of A and B 16-byte aligned: K % 4 == 0 and N % 4 == 0) or per-element
 // checked loads; zeros outside A and B.
-// H200, 4096^3 (2026-11-21): 39.8 TFLOP/s against cuda_vec's 37.4 (BLOCK_K = 8) and cuBLAS's
-// 49.9 in the same run; much of the gain is BLOCK_K = 16 (cuda_vec at 16: 39.7). The step
-// that pays off the warp tiling is cuda_pipelined.
+// Much of the gain over cuda_vec's defaults is BLOCK_K = 16 (measured numbers: the README's
+// ladder tables, bench/results/h200-ladder). The step that pays off the warp tiling is
+// cuda_pipelined.
 // Follows siboehm/SGEMM_CUDA kernel 10 ("warptiling") and the thread block / warp / thread
 // tiling of CUTLASS's "Efficient GEMM in CUDA" documentation.
 #include "common.cuh"

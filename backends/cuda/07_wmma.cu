@@ -21,7 +21,7 @@
 // - Fragment layout in registers is opaque in WMMA, so the epilogue stores each accumulator
 //   fragment to a per-warp fp32 scratch tile in shared memory (reusing the operand buffers)
 //   and applies C, ReLU and the bounds checks from there.
-// One H200 run (2026-11-21): 160 TFLOP/s at 4096^3 bf16, 156 at 8192^3 (cuBLAS: 800).
+// Measured numbers: the README's ladder tables (bench/results/h200-ladder).
 // Alignment: 16-byte global loads need 16-byte aligned rows, i.e. K % 8 == 0 for A and
 // N % 8 == 0 for B; otherwise that operand is read element by element with zeros outside
 // the matrix. Any M, N, K >= 1 works; partial edge tiles compute on zeros and are not stored.

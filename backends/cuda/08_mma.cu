@@ -15,8 +15,8 @@
 // - Two-level software pipeline: the fragments of the next k16 step are loaded while the
 //   mmas of the current one run (two register buffers), and the one __syncthreads per
 //   k-tile sits before the tile's last k16 step, so the next tile's first fragments load
-//   during the last mmas rather than after a barrier. This took one H200 (2026-11-21) from
-//   321 to 475 TFLOP/s at 8192^3 bf16 (cuBLAS: 803 on the same machine; 440 at 4096^3).
+//   during the last mmas rather than after a barrier, so the tensor cores do not idle at
+//   each k-tile boundary (measured numbers: the README's ladder tables).
 // - Shared memory rows are XOR-swizzled in 16-byte chunks: chunk c of row r is stored at
 //   chunk c ^ f(r), where f spreads the 8 rows that one ldmatrix phase reads (and the 8
 //   consecutive chunks that cp.async writes) over the 8 16-byte bank groups of a 128-byte
