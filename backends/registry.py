@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from . import torch_backends
-from .cuda import CudaKernel, cuda_unavailable_reason
+from .cuda import CudaKernel, cuda_unavailable_reason, sm90a_unavailable_reason
 
 try:
     from . import triton_fused
@@ -97,6 +97,10 @@ CUDA_KERNELS: dict[str, CudaKernel] = {
                            {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 32, "WARPS_M": 2,
                             "STAGES": 4, "GROUP_M": 8, "THREADS": 256},
                            dtypes=(torch.float16, torch.bfloat16)),
+    "cuda_wgmma": CudaKernel("09_wgmma.cu", "gemm_wgmma",
+                             {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "STAGES": 4,
+                              "GROUP_M": 8, "THREADS": 384},
+                             dtypes=(torch.float16, torch.bfloat16), tma=True),
 }
 
 
@@ -119,7 +123,9 @@ def _cuda_backend(name: str, summary: str) -> Backend:
 
     return Backend(name, summary, run, dtypes=kernel.dtypes, devices=("cuda",),
                    fused_epilogue=True, tf32=False, strided=False, differentiable=False,
-                   max_numel=None, unavailable=cuda_unavailable_reason, config=describe,
+                   max_numel=None,
+                   unavailable=sm90a_unavailable_reason if kernel.tma else cuda_unavailable_reason,
+                   config=describe,
                    pin=lambda params: replace(kernel, params=dict(params)))
 
 
@@ -133,15 +139,17 @@ def _triton_backend() -> Backend:
 
     def describe() -> str:
         choice = last[0]
-        if choice is None:
-            return triton_fused.last_config()
-        text = triton_fused.last_config() if choice.config is None else str(choice.config)
-        return f"{text} ({choice.note})"
+        text = triton_fused.last_config()  # the config that ran and which kernel ran it
+        return text if choice is None else f"{text} ({choice.note})"
 
     def pin(config: dict):
         import triton
 
         tiles = {key: config[key] for key in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")}
+        # Entries tuned before the persistent TMA kernel existed have no PERSISTENT: 0.
+        tiles["PERSISTENT"] = config.get("PERSISTENT", 0)
+        if tiles["PERSISTENT"] not in (0, 1):
+            raise ValueError(f"PERSISTENT is {tiles['PERSISTENT']}, not 0 or 1")
         return triton.Config(tiles, num_warps=config["num_warps"],
                              num_stages=config["num_stages"])
 
@@ -181,6 +189,8 @@ LADDER: tuple[Backend, ...] = (
     _cuda_backend("cuda_wmma", "tensor cores through WMMA 16x16x16 fragments, fp32 accumulate"),
     _cuda_backend("cuda_mma", "mma.sync m16n8k16 fed by ldmatrix from a swizzled 4-stage "
                   "cp.async pipeline"),
+    _cuda_backend("cuda_wgmma", "Hopper wgmma from shared memory fed by TMA, a producer and "
+                  "two consumer warpgroups (sm_90a)"),
     _triton_backend(),
 )
 BACKENDS: dict[str, Backend] = {b.name: b for b in LADDER}

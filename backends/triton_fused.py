@@ -11,6 +11,19 @@ On a GPU the tile shape, ``num_warps`` and ``num_stages`` come from ``triton.aut
 over ``CONFIGS_16BIT`` (fp16/bf16 and TF32) or ``CONFIGS_FP32`` (IEEE fp32), tuned once per
 (M, N, K, dtype, precision). Under the Triton interpreter (``TRITON_INTERPRET=1``, CPU
 tensors) nothing can be timed, so one small ``INTERPRETER_CONFIG`` is used.
+
+A persistent TMA variant, ``fused_gemm_persistent_kernel``, runs when a pinned config (the
+tuned table's) sets ``PERSISTENT=1``. It follows Triton's persistent-matmul tutorial
+(``python/tutorials/09-persistent-matmul.py``): min(#SMs, #tiles) programs each loop over
+tiles in the same grouped order; A, B, C and D move through host-built
+``TensorDescriptor``s (the Tensor Memory Accelerator of compute capability 9.0+), whose
+out-of-bounds loads read zeros and whose stores are clipped, so no masks are needed; the
+epilogue handles the accumulator in two BLOCK_M x BLOCK_N/2 halves. TMA needs 16-byte
+aligned base addresses and row strides that are multiples of 16 bytes, last stride 1 (CUDA
+driver API, ``cuTensorMapEncodeTiled``); a call that does not qualify (a 1-D bias, a
+broadcast or transposed operand, rows of K or N elements that are not a multiple of 16
+bytes, a GPU before compute capability 9.0) runs the pointer kernel above with the same
+tiles, and ``last_config()`` says why.
 """
 
 from __future__ import annotations
@@ -22,6 +35,11 @@ import os
 import torch
 import triton
 import triton.language as tl
+
+try:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # Triton before 3.4: only the pointer kernel
+    TensorDescriptor = None
 
 # Read once, as triton.jit does when it decorates the kernel below.
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
@@ -60,6 +78,29 @@ CONFIGS_FP32 = [
 INTERPRETER_CONFIG = _config(32, 32, 16, 4, 1, group_m=4)
 
 
+@triton.jit
+def _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    """(pid_m, pid_n) of tile ``tile_id`` in grouped order: consecutive tiles sweep GROUP_M
+    tile rows column by column, so the B columns they load are reused from L2 by the other
+    rows of the group."""
+    pids_per_group = GROUP_M * num_pid_n
+    first_pid_m = (tile_id // pids_per_group) * GROUP_M
+    group_m = min(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + (tile_id % pids_per_group) % group_m
+    pid_n = (tile_id % pids_per_group) // group_m
+    return pid_m, pid_n
+
+
+@triton.jit
+def _epilogue(acc, c, HAS_C: tl.constexpr, RELU: tl.constexpr):
+    """act(acc + C) on the fp32 accumulator; ``c`` (a tile of C) is read only if HAS_C."""
+    if HAS_C:
+        acc += c.to(tl.float32)
+    if RELU:
+        acc = tl.where(acc < 0.0, 0.0, acc)  # keeps NaN, like torch.relu
+    return acc
+
+
 # EVEN_K: K is a multiple of BLOCK_K, so the loads of A and B need no mask (as in the matmul
 # templates of PyTorch's inductor); computed from the launch's arguments and meta-parameters.
 @triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
@@ -71,16 +112,8 @@ def fused_gemm_kernel(a_ptr, b_ptr, c_ptr, d_ptr, M, N, K,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                       GROUP_M: tl.constexpr, EVEN_K: tl.constexpr):
     """One BLOCK_M x BLOCK_N tile of D = act(A @ B + C); C's strides may be 0 (bias)."""
-    # Grouped ordering: consecutive programs sweep GROUP_M tile rows column by column, so the
-    # B columns they load are reused from L2 by the other rows of the group.
-    pid = tl.program_id(0)
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    pids_per_group = GROUP_M * num_pid_n
-    first_pid_m = (pid // pids_per_group) * GROUP_M
-    group_m = min(num_pid_m - first_pid_m, GROUP_M)
-    pid_m = first_pid_m + (pid % pids_per_group) % group_m
-    pid_n = (pid % pids_per_group) // group_m
+    pid_m, pid_n = _tile_coords(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N),
+                                GROUP_M)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -104,14 +137,62 @@ def fused_gemm_kernel(a_ptr, b_ptr, c_ptr, d_ptr, M, N, K,
         b_ptrs += BLOCK_K * stride_bk
 
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    c = None
     if HAS_C:
         c = tl.load(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn,
                     mask=mask, other=0.0)
-        acc += c.to(tl.float32)
-    if RELU:
-        acc = tl.where(acc < 0.0, 0.0, acc)  # keeps NaN, like torch.relu
+    acc = _epilogue(acc, c, HAS_C, RELU)
     tl.store(d_ptr + offs_m[:, None] * stride_dm + offs_n[None, :] * stride_dn,
              acc.to(d_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def fused_gemm_persistent_kernel(a_desc, b_desc, c_desc, d_desc, M, N, K,
+                                 HAS_C: tl.constexpr, RELU: tl.constexpr,
+                                 INPUT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
+                                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                                 GROUP_M: tl.constexpr, NUM_SMS: tl.constexpr):
+    """D = act(A @ B + C) with TMA descriptors; program p computes tiles p, p + NUM_SMS, ...
+
+    The grid is min(NUM_SMS, #tiles) programs. The descriptors of C and D have blocks of
+    BLOCK_M x BLOCK_N/2; C's is never read when HAS_C is False.
+    """
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    start = tl.program_id(0)
+    # The epilogue takes its tile from a counter of its own (as tutorial 09 does): it does not
+    # depend on the loop's, so the flattened loop can issue the next tile's loads early.
+    tile_c = start - NUM_SMS
+    # flatten: the tile and K loops become one, software-pipelined across tile boundaries.
+    for tile_id in tl.range(start, num_pid_m * num_pid_n, NUM_SMS, flatten=True):
+        pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in range(k_tiles):
+            # Out of bounds (the K tail, the M and N edges) TMA reads zeros: no masks.
+            a = a_desc.load([off_m, k * BLOCK_K])
+            b = b_desc.load([k * BLOCK_K, off_n])
+            acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+
+        tile_c += NUM_SMS
+        pid_m, pid_n = _tile_coords(tile_c, num_pid_m, num_pid_n, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        # Epilogue subtiling (tutorial 09): in two BLOCK_N/2 halves, C and D need half the
+        # shared memory to stage them, memory the operand pipeline can use instead.
+        acc = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
+        acc0, acc1 = tl.split(acc)
+        c0 = None
+        c1 = None
+        if HAS_C:
+            c0 = c_desc.load([off_m, off_n])
+            c1 = c_desc.load([off_m, off_n + BLOCK_N // 2])
+        # Stores past M or N are clipped by the TMA unit.
+        d_desc.store([off_m, off_n], _epilogue(acc0, c0, HAS_C, RELU).to(d_desc.dtype))
+        d_desc.store([off_m, off_n + BLOCK_N // 2],
+                     _epilogue(acc1, c1, HAS_C, RELU).to(d_desc.dtype))
 
 
 def _prune(configs, named_args, **kwargs):
@@ -140,13 +221,82 @@ def devices() -> tuple[str, ...]:
     return ("cpu",) if INTERPRETED else ("cuda",)
 
 
-def run(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, relu: bool,
-        allow_tf32: bool, out: torch.Tensor, config: triton.Config | None = None) -> torch.Tensor:
-    """Launch the fused kernel into ``out``; any strides, any M, N, K >= 1.
+# Programs of the persistent kernel under the interpreter: few, so each loops over several
+# tiles (on a GPU: one per SM).
+INTERPRETER_PROGRAMS = 3
+# TMA (the Tensor Memory Accelerator) arrived with Hopper.
+TMA_MIN_CAPABILITY = 9
+# The config and kernel of the latest launch, for last_config(); no kernel: none yet.
+_last: list = [None, ""]
 
-    ``config`` pins BLOCK_M/N/K, GROUP_M, num_warps and num_stages instead of autotuning
-    (tests use it to cover several tile shapes under the interpreter).
-    """
+
+@functools.cache
+def _num_sms(device: torch.device) -> int:
+    """The persistent kernel's program count when there are enough tiles."""
+    if INTERPRETED:
+        return INTERPRETER_PROGRAMS
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+@functools.cache
+def _capability(device: torch.device) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device)
+
+
+def _tma_problem(name: str, t: torch.Tensor) -> str | None:
+    """Why a TMA descriptor cannot address ``t`` (2-D, last stride 1, a row stride that is a
+    positive multiple of 16 bytes, a 16-byte aligned base), or None when it can."""
+    if t.dim() != 2:
+        return f"{name} is {t.dim()}-D"
+    if t.stride(1) != 1:
+        return f"{name} has last stride {t.stride(1)}, not 1"
+    row_bytes = t.stride(0) * t.element_size()
+    if row_bytes == 0:
+        return f"{name} is broadcast over rows (row stride 0)"
+    if row_bytes % 16:
+        return f"{name}'s row stride is {row_bytes} bytes, not a multiple of 16"
+    if t.data_ptr() % 16:
+        return f"{name}'s data is not 16-byte aligned"
+    return None
+
+
+def _persistent_problem(a, b, c, out, tiles: dict) -> str | None:
+    """Why the persistent TMA kernel cannot run this call with tiles ``tiles``, or None."""
+    if TensorDescriptor is None:
+        return f"Triton {triton.__version__} has no TensorDescriptor (3.4 or newer has)"
+    if not INTERPRETED:
+        major, minor = _capability(a.device)
+        if major < TMA_MIN_CAPABILITY:
+            return f"compute capability {major}.{minor} has no TMA (9.0 or newer has)"
+    for name, t in (("a", a), ("b", b), ("c", c), ("out", out)):
+        problem = None if t is None else _tma_problem(name, t)
+        if problem:
+            return problem
+    # The innermost block dimension of a TMA copy must span a multiple of 16 bytes too.
+    row_bytes = min(tiles["BLOCK_K"], tiles["BLOCK_N"] // 2) * a.element_size()
+    if row_bytes % 16:
+        return f"a block row of BLOCK_K or BLOCK_N/2 is {row_bytes} bytes, not a multiple of 16"
+    return None
+
+
+def _launch_persistent(a, b, c, out, flags: dict, tiles: dict, config: triton.Config) -> None:
+    m, k = a.shape
+    n = b.shape[1]
+    bm, bn, bk = tiles["BLOCK_M"], tiles["BLOCK_N"], tiles["BLOCK_K"]
+    # Host-side descriptors travel as kernel parameters: no triton.set_allocator needed (only
+    # descriptors made on the device, tl.make_tensor_descriptor, need global scratch).
+    d_desc = TensorDescriptor.from_tensor(out, [bm, bn // 2])
+    c_desc = d_desc if c is None else TensorDescriptor.from_tensor(c, [bm, bn // 2])
+    num_sms = _num_sms(a.device)
+    grid = (min(num_sms, triton.cdiv(m, bm) * triton.cdiv(n, bn)),)
+    fused_gemm_persistent_kernel[grid](
+        TensorDescriptor.from_tensor(a, [bm, bk]), TensorDescriptor.from_tensor(b, [bk, bn]),
+        c_desc, d_desc, m, n, k, **flags, **tiles, NUM_SMS=num_sms,
+        num_warps=config.num_warps, num_stages=config.num_stages)
+
+
+def _launch_pointer(a, b, c, out, flags: dict, tiles: dict,
+                    config: triton.Config | None) -> None:
     m, k = a.shape
     n = b.shape[1]
     if c is None:
@@ -157,24 +307,56 @@ def run(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, relu: bool,
         c_arg, stride_cm, stride_cn = c, c.stride(0), c.stride(1)
     args = (a, b, c_arg, out, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
             stride_cm, stride_cn, out.stride(0), out.stride(1))
-    flags = {"HAS_C": c is not None, "RELU": relu,
-             "INPUT_PRECISION": "tf32" if allow_tf32 else "ieee"}
-    if config is None and INTERPRETED:
-        config = INTERPRETER_CONFIG
 
     def grid(meta):
         return (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
 
+    if config is None:
+        tuned_kernel[grid](*args, **flags)
+    else:
+        fused_gemm_kernel[grid](*args, **flags, **tiles, num_warps=config.num_warps,
+                                num_stages=config.num_stages)
+
+
+def run(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, relu: bool,
+        allow_tf32: bool, out: torch.Tensor, config: triton.Config | None = None) -> torch.Tensor:
+    """Launch the fused kernel into ``out``; any strides, any M, N, K >= 1.
+
+    ``config`` pins BLOCK_M/N/K, GROUP_M, num_warps and num_stages instead of autotuning
+    (the tuned table's entry; tests use it to cover several tile shapes under the
+    interpreter). With a truthy ``PERSISTENT`` among its kwargs the persistent TMA kernel runs
+    if the call qualifies: a GPU of compute capability 9.0 or newer (or the interpreter); A,
+    B, ``out`` and C (None or 2-D) TMA-addressable (last stride 1, row stride a multiple of 16
+    bytes, 16-byte aligned). Otherwise the pointer kernel runs with the same tiles;
+    ``last_config()`` says which ran, and why it fell back.
+    """
+    flags = {"HAS_C": c is not None, "RELU": relu,
+             "INPUT_PRECISION": "tf32" if allow_tf32 else "ieee"}
+    if config is None and INTERPRETED:
+        config = INTERPRETER_CONFIG
+    tiles = {} if config is None else dict(config.kwargs)
+    persistent = bool(tiles.pop("PERSISTENT", 0))
+    problem = _persistent_problem(a, b, c, out, tiles) if persistent else None
+
     with torch.cuda.device(a.device) if a.is_cuda else contextlib.nullcontext():
-        if config is None:
-            tuned_kernel[grid](*args, **flags)
+        if persistent and problem is None:
+            _launch_persistent(a, b, c, out, flags, tiles, config)
+            kernel = "persistent TMA kernel"
         else:
-            fused_gemm_kernel[grid](*args, **flags, **config.kwargs, num_warps=config.num_warps,
-                                    num_stages=config.num_stages)
+            _launch_pointer(a, b, c, out, flags, tiles, config)
+            kernel = "pointer kernel" if problem is None else (
+                f"pointer kernel (PERSISTENT fell back: {problem})")
+    _last[:] = config, kernel
     return out
 
 
 def last_config() -> str:
-    """BLOCK_M/N/K, GROUP_M, num_warps and num_stages of the most recent autotuned launch."""
-    config = INTERPRETER_CONFIG if INTERPRETED else getattr(tuned_kernel, "best_config", None)
-    return "not launched yet" if config is None else str(config)
+    """The configuration of the most recent launch (the pinned one, or the autotuner's pick)
+    and the kernel that ran it: the pointer kernel, the persistent TMA kernel, or the pointer
+    kernel because the call did not qualify for the persistent one it asked for, and why."""
+    config, kernel = _last
+    if not kernel:
+        return "not launched yet"
+    if config is None:
+        config = getattr(tuned_kernel, "best_config", None)
+    return f"{config}; {kernel}"

@@ -8,7 +8,7 @@ The table is a JSON file, ``backends/tuned.json`` unless the environment variabl
       {"gpu": "NVIDIA H200", "backend": "triton_fused", "dtype": "fp16",
        "bucket": [4096, 4096, 4096],
        "config": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8,
-                  "num_warps": 8, "num_stages": 3},
+                  "PERSISTENT": 1, "num_warps": 8, "num_stages": 3},
        "tflops": 640.2, "ms": 0.2147, "default_tflops": 607.7, "shape": [4096, 4096, 4096],
        "date": "2026-11-21T12:00:00+00:00", "git_commit": "ecfdceb..."}]}
 
@@ -18,7 +18,9 @@ The table is a JSON file, ``backends/tuned.json`` unless the environment variabl
 - ``bucket``: the shape bucket (below). One entry serves every shape of its bucket.
 - ``config``: a cuda_* backend's compile-time macros (``BLOCK_M``, ``TM``, ..., as passed to
   ``CudaKernel``), or triton_fused's ``BLOCK_M``/``BLOCK_N``/``BLOCK_K``/``GROUP_M``,
-  ``num_warps`` and ``num_stages``.
+  ``num_warps``, ``num_stages`` and ``PERSISTENT`` (1: the persistent TMA kernel, for the
+  calls that qualify; 0, or absent as in entries tuned before it existed: the pointer
+  kernel).
 - ``tflops`` and ``ms``: the entry measured at ``shape`` (TFLOP/s = 2*M*N*K / t);
   ``default_tflops``: the backend's default configuration (Triton's autotuner, the registry's
   tile sizes) measured in the same run, null when it failed.
@@ -44,6 +46,7 @@ from .reference import DTYPE_NAMES, TOLERANCES
 
 ENV_VAR = "GEMMLAB_TUNED_FILE"
 DEFAULT_PATH = Path(__file__).resolve().parent / "tuned.json"
+_REPOSITORY = DEFAULT_PATH.parent.parent
 _DEFAULT_TEXT = str(DEFAULT_PATH)
 DTYPES = tuple(TOLERANCES)  # fp32, tf32, fp16, bf16
 _REQUIRED = {"gpu": str, "backend": str, "dtype": str, "bucket": list, "config": dict,
@@ -90,6 +93,17 @@ def _key(entry: dict) -> tuple[str, str, str, tuple[int, ...]]:
 
 def _shape(dims) -> str:
     return "x".join(str(d) for d in dims)
+
+
+@functools.lru_cache(maxsize=64)
+def _shown(path: Path) -> str:
+    """``path`` as notes print it: relative to the repository root when the table lives inside
+    it (``backends/tuned.json``; no absolute path of this machine in committed results), else
+    as given."""
+    try:
+        return str(path.resolve().relative_to(_REPOSITORY))
+    except (OSError, ValueError):
+        return str(path)
 
 
 @dataclass(eq=False)
@@ -198,7 +212,8 @@ def lookup(backend: str, gpu: str, dtype: str, m: int, n: int, k: int,
 def why_not(backend: str, gpu: str, dtype: str, m: int, n: int, k: int,
             path: str | Path | None = None) -> str | None:
     """One line saying why ``lookup()`` finds no entry (no file; nothing for this GPU, backend
-    or dtype; or which buckets exist), or None when it finds one.
+    or dtype; or which buckets exist), or None when it finds one. It names a table inside the
+    repository by its path from the repository root (``backends/tuned.json``).
 
     Raises:
         ValueError: the table file is malformed.
@@ -206,21 +221,22 @@ def why_not(backend: str, gpu: str, dtype: str, m: int, n: int, k: int,
     table = load(path)
     if table.get(backend, gpu, dtype, m, n, k) is not None:
         return None
+    where = _shown(table.path)
     if not table.exists:
-        return f"no tuned table at {table.path} (gemmlab tune writes one)"
+        return f"no tuned table at {where} (gemmlab tune writes one)"
     keys = list(table._index)
     gpus = sorted({g for g, *_ in keys})
     if gpu not in gpus:
-        return (f"tuned table {table.path} has no entry for GPU {gpu!r} "
+        return (f"tuned table {where} has no entry for GPU {gpu!r} "
                 f"(it has {', '.join(map(repr, gpus)) or 'no entries'})")
     dtypes = sorted({d for g, b, d, _ in keys if (g, b) == (gpu, backend)})
     if not dtypes:
-        return f"tuned table {table.path} has no {backend} entry for {gpu}"
+        return f"tuned table {where} has no {backend} entry for {gpu}"
     if dtype not in dtypes:
-        return (f"tuned table {table.path} has no {backend} {dtype} entry for {gpu} "
+        return (f"tuned table {where} has no {backend} {dtype} entry for {gpu} "
                 f"(tuned dtypes: {', '.join(dtypes)})")
     buckets = sorted(s for g, b, d, s in keys if (g, b, d) == (gpu, backend, dtype))
-    return (f"tuned table {table.path} has no {backend} {dtype} entry for {gpu} at shape bucket "
+    return (f"tuned table {where} has no {backend} {dtype} entry for {gpu} at shape bucket "
             f"{_shape(bucket(m, n, k))} (M, N, K rounded up to powers of two; tuned buckets: "
             f"{', '.join(map(_shape, buckets))})")
 

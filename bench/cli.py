@@ -78,7 +78,10 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
     if not launchers:
         launchers = ("cupy",)
 
-    timing = gb.Timing(args.warmup_ms, args.rep_ms, args.min_reps)
+    if args.rounds < 1:
+        console.print(f"error: --rounds must be >= 1, got {args.rounds}")
+        return 2
+    timing = gb.Timing(args.warmup_ms, args.rep_ms, args.min_reps, args.rounds)
     with Progress(console=console, transient=True) as progress:
         total = gb.count_rows(names, shapes, dtype_names, device, epilogues, launchers)
         task = progress.add_task("bench", total=total)
@@ -432,6 +435,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--warmup-ms", type=float, default=25, help="warm-up per row (ms)")
     bench.add_argument("--rep-ms", type=float, default=100, help="timed repeats per row (ms)")
     bench.add_argument("--min-reps", type=int, default=10, help="fewest timed repeats per row")
+    bench.add_argument("--rounds", type=int, default=1,
+                       help="time the rows of each shape and dtype this many times, taking "
+                            "turns, and report each row's median (evens out clock drift in "
+                            "ratios; default 1)")
     bench.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     bench.add_argument("--launcher", default="cupy",
                        help="comma list of cupy, pycuda: what launches the CUDA C kernels "

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,11 +45,15 @@ FORMULAS = {"relu_c": "ReLU(A @ B + C)", "c": "A @ B + C", "relu_bias": "ReLU(A 
 
 @dataclass(frozen=True)
 class Timing:
-    """Timing knobs (see ``bench.timing.time_ms``)."""
+    """Timing knobs (see ``bench.timing.time_ms``). ``rounds``: how many times every row of one
+    (shape, dtype) is timed, the rows taking turns, so that a drift of the GPU's clocks
+    (power, heat) spreads over all of them instead of favouring the rows timed first; a row's
+    ``ms`` is the median of its rounds."""
 
     warmup_ms: float = 25
     rep_ms: float = 100
     min_reps: int = 10
+    rounds: int = 1
 
 
 def parse_shape(text: str) -> tuple[int, int, int]:
@@ -91,10 +97,11 @@ def random_operand(*shape, dtype: torch.dtype, device: torch.device,
     return torch.randn(shape, generator=generator, device=device).to(dtype)
 
 
-def check_and_time(name: str, a, b, c, ref, dtype_name: str, epilogue: str,
-                   timing: Timing, launcher: str = "") -> dict:
-    """One row: check ``name`` against ``ref`` on a poisoned output, then time it if it passed.
-    ``launcher`` (CUDA C backends only): ``"cupy"`` or ``"pycuda"``."""
+def check(name: str, a, b, c, ref, dtype_name: str, epilogue: str,
+          launcher: str = "") -> tuple[dict, Callable[[], object] | None]:
+    """One row: ``name`` checked against ``ref`` on a poisoned output, and the call to time
+    when it passed (None otherwise). ``launcher`` (CUDA C backends only): ``"cupy"`` or
+    ``"pycuda"``; the call must then run inside ``use_launcher(launcher)``."""
     tf32 = DTYPES[dtype_name][1]
     activation = EPILOGUES[epilogue][1]
     m, n, k = a.shape[0], b.shape[1], a.shape[1]
@@ -113,15 +120,26 @@ def check_and_time(name: str, a, b, c, ref, dtype_name: str, epilogue: str,
             call(out)
         except Exception as exc:  # a broken backend is a FAIL row, not the end of the sweep
             row["error"] = f"{type(exc).__name__}: {exc}"
-            return row
+            return row, None
         err = backends.relative_error(out, ref)
         row.update(rel_err=err, ok=err <= row["tol"], config=backends.BACKENDS[name].config())
-        del out
-        if row["ok"]:
-            ms = time_ms(call, a.device, warmup_ms=timing.warmup_ms, rep_ms=timing.rep_ms,
-                         min_reps=timing.min_reps)
-            row.update(ms=ms, tflops=2 * m * n * k / (ms * 1e-3) / 1e12)
-    return row
+    return row, call if row["ok"] else None
+
+
+def time_rows(checked: list[tuple[dict, Callable[[], object] | None]], device: torch.device,
+              timing: Timing) -> None:
+    """Fill ``ms`` and ``tflops`` of every row that passed, timing the rows in turn
+    ``timing.rounds`` times (``Timing``)."""
+    timed = [(row, call) for row, call in checked if call is not None]
+    samples: list[list[float]] = [[] for _ in timed]
+    for _ in range(timing.rounds):
+        for (row, call), times in zip(timed, samples):
+            with use_launcher(row["launcher"]) if row["launcher"] else contextlib.nullcontext():
+                times.append(time_ms(call, device, warmup_ms=timing.warmup_ms,
+                                     rep_ms=timing.rep_ms, min_reps=timing.min_reps))
+    for (row, _), times in zip(timed, samples):
+        ms = statistics.median(times)
+        row.update(ms=ms, tflops=2 * row["M"] * row["N"] * row["K"] / (ms * 1e-3) / 1e12)
 
 
 def add_ratios(rows: list[dict]) -> None:
@@ -151,8 +169,9 @@ def run_sweep(names: list[str], shapes: list[tuple[int, int, int]], dtype_names:
     """Check and time every (shape, dtype, epilogue, backend) the backend supports on ``device``;
     the CUDA C backends once per launcher in ``launchers``.
 
-    Every backend of one (shape, dtype, epilogue) sees the same fresh random inputs.
-    ``progress``, if given, is called with a short description before each row.
+    Every backend of one (shape, dtype, epilogue) sees the same fresh random inputs. All rows
+    of one (shape, dtype) are checked first, then timed together (``time_rows``).
+    ``progress``, if given, is called with a short description before each row is checked.
     Returns rows in sweep order with ratios filled.
     """
     generator = torch.Generator(device=device).manual_seed(seed)
@@ -165,6 +184,7 @@ def run_sweep(names: list[str], shapes: list[tuple[int, int, int]], dtype_names:
             dtype = DTYPES[dtype_name][0]
             a = random_operand(m, k, dtype=dtype, device=device, generator=generator)
             b = random_operand(k, n, dtype=dtype, device=device, generator=generator)
+            checked = []  # every epilogue's rows of this (shape, dtype), timed together below
             for epilogue in epilogues:
                 c_kind, activation = EPILOGUES[epilogue]
                 c_shape = {"full": (m, n), "bias": (n,), None: None}[c_kind]
@@ -176,9 +196,11 @@ def run_sweep(names: list[str], shapes: list[tuple[int, int, int]], dtype_names:
                         if progress is not None:
                             progress(f"{name} {launcher} {dtype_name} {FORMULAS[epilogue]} "
                                      f"{m}x{n}x{k}")
-                        rows.append(check_and_time(name, a, b, c, ref, dtype_name, epilogue,
-                                                   timing, launcher))
-                del c, ref
+                        checked.append(check(name, a, b, c, ref, dtype_name, epilogue,
+                                             launcher))
+                del ref
+            time_rows(checked, device, timing)
+            rows += [row for row, _ in checked]
     add_ratios(rows)
     return rows
 

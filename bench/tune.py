@@ -41,10 +41,14 @@ from .timing import time_ms
 TRITON_SPACE = {"BLOCK_M": (64, 128, 256), "BLOCK_N": (64, 128, 256), "GROUP_M": (4, 8),
                 "num_warps": (4, 8), "num_stages": (2, 3, 4, 5)}
 TRITON_BLOCK_K = {"fp32": (16, 32), "tf32": (32, 64), "fp16": (32, 64), "bf16": (32, 64)}
+# PERSISTENT=1: triton_fused's persistent TMA kernel (compute capability 9.0+); 0: the
+# pointer kernel.
+TRITON_PERSISTENT = (0, 1)
 # Under the interpreter times are CPU times of a Python simulation: a tiny space keeps a CPU
-# run (and the tests) to seconds.
+# run (and the tests) to seconds. It holds both kernels, so CPU runs cover both.
 INTERPRETER_SPACE = {"BLOCK_M": (16, 32), "BLOCK_N": (16, 32), "BLOCK_K": (16,),
-                     "GROUP_M": (4,), "num_warps": (4,), "num_stages": (1,)}
+                     "GROUP_M": (4,), "num_warps": (4,), "num_stages": (1,),
+                     "PERSISTENT": TRITON_PERSISTENT}
 # A thread can hold 255 registers; an fp32 accumulator of more than 128 per thread leaves too
 # few for operands and addresses, and spills.
 MAX_ACC_PER_THREAD = 128
@@ -99,31 +103,48 @@ CUDA_SPACES: dict[str, CudaSpace] = {
     "cuda_mma": CudaSpace({"BLOCK_M": (128, 256), "BLOCK_N": (128, 256), "BLOCK_K": (32, 64),
                            "WARPS_M": (2, 4), "STAGES": (3, 4), "GROUP_M": (8,),
                            "THREADS": (256,)}),
+    # One producer warpgroup and BLOCK_M / 64 consumer warpgroups.
+    "cuda_wgmma": CudaSpace({"BLOCK_M": (64, 128), "BLOCK_N": (128, 256), "BLOCK_K": (64,),
+                             "STAGES": (3, 4, 5), "GROUP_M": (8, 16)},
+                            lambda p: {"THREADS": 128 * (1 + p["BLOCK_M"] // 64)}),
 }
 # Without a GPU: one tiny shape, so the Triton interpreter gets through the space in seconds.
 CPU_SHAPES = [(64, 64, 64)]
 
 
-def triton_space(dtype_name: str, smem_bytes: int | None = None,
-                 interpreted: bool = False) -> list[dict[str, int]]:
+def triton_space(dtype_name: str, smem_bytes: int | None = None, interpreted: bool = False,
+                 persistent: bool = False) -> list[dict[str, int]]:
     """triton_fused's candidates for ``dtype_name`` (fp32, tf32, fp16, bf16), as tuned-table
-    configs (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages).
+    configs (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages, and PERSISTENT where
+    searched).
 
-    On a GPU (``interpreted=False``) ``TRITON_SPACE`` with ``TRITON_BLOCK_K``, less the
-    configs that cannot fit: the operand tiles of all stages,
-    (BLOCK_M + BLOCK_N) * BLOCK_K * bytes * num_stages, above ``smem_bytes`` (when given),
-    or more than ``MAX_ACC_PER_THREAD`` accumulator elements per thread. Under the Triton
-    interpreter, ``INTERPRETER_SPACE``.
+    On a GPU (``interpreted=False``) ``TRITON_SPACE`` with ``TRITON_BLOCK_K``, and with
+    PERSISTENT 0 and 1 (``TRITON_PERSISTENT``) when ``persistent`` (the GPU runs the
+    persistent TMA kernel), less the configs that cannot fit: more shared memory than
+    ``smem_bytes`` (when given), that is the operand tiles of all stages,
+    (BLOCK_M + BLOCK_N) * BLOCK_K * bytes * num_stages, plus with PERSISTENT=1 the
+    epilogue's C and D buffers, 2 * BLOCK_M * BLOCK_N/2 * bytes; or more than
+    ``MAX_ACC_PER_THREAD`` accumulator elements per thread. Under the Triton interpreter,
+    ``INTERPRETER_SPACE`` (PERSISTENT 0 and 1 whatever ``persistent`` says).
     """
-    space = INTERPRETER_SPACE if interpreted else {**TRITON_SPACE,
-                                                   "BLOCK_K": TRITON_BLOCK_K[dtype_name]}
+    if interpreted:
+        space = INTERPRETER_SPACE
+    else:
+        space = {**TRITON_SPACE, "BLOCK_K": TRITON_BLOCK_K[dtype_name]}
+        if persistent:
+            space["PERSISTENT"] = TRITON_PERSISTENT
     size = 2 if dtype_name in ("fp16", "bf16") else 4  # TF32 operands are stored as fp32
     configs = [dict(zip(space, values)) for values in itertools.product(*space.values())]
     if interpreted:
         return configs
+
+    def smem(c: dict[str, int]) -> int:
+        operands = (c["BLOCK_M"] + c["BLOCK_N"]) * c["BLOCK_K"] * size * c["num_stages"]
+        epilogue = 2 * c["BLOCK_M"] * (c["BLOCK_N"] // 2) * size if c.get("PERSISTENT") else 0
+        return operands + epilogue
+
     return [c for c in configs
-            if (smem_bytes is None or (c["BLOCK_M"] + c["BLOCK_N"]) * c["BLOCK_K"] * size
-                * c["num_stages"] <= smem_bytes)
+            if (smem_bytes is None or smem(c) <= smem_bytes)
             and c["BLOCK_M"] * c["BLOCK_N"] <= MAX_ACC_PER_THREAD * 32 * c["num_warps"]]
 
 
@@ -157,13 +178,20 @@ def smem_limit(device: torch.device) -> int | None:
 
 
 def search_space(name: str, dtype_name: str, device: torch.device) -> list[dict[str, int]]:
-    """The candidates of backend ``name`` for ``dtype_name`` on ``device``.
+    """The candidates of backend ``name`` for ``dtype_name`` on ``device``; triton_fused's
+    include its persistent TMA kernel on a GPU of compute capability 9.0 or newer.
 
     Raises:
         KeyError: a backend without a search space (not triton_fused, not in CUDA_SPACES).
     """
     if name == "triton_fused":
-        return triton_space(dtype_name, smem_limit(device), interpreted=device.type == "cpu")
+        from backends import triton_fused
+
+        persistent = (device.type == "cuda" and triton_fused.TensorDescriptor is not None
+                      and torch.cuda.get_device_capability(device)[0]
+                      >= triton_fused.TMA_MIN_CAPABILITY)
+        return triton_space(dtype_name, smem_limit(device), interpreted=device.type == "cpu",
+                            persistent=persistent)
     return cuda_space(name)
 
 

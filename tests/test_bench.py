@@ -122,6 +122,39 @@ def test_ratios_are_within_one_shape_and_dtype():
     assert [r["speedup_vs_torch_unfused"] for r in rows] == [2, 1, 4, None, None]
 
 
+def test_rounds_below_one_are_refused():
+    result = gemmlab("bench", "--rounds", "0")
+    assert result.returncode == 2
+    assert "--rounds must be >= 1, got 0" in result.stdout
+
+
+def test_rounds_take_turns_and_report_the_median(monkeypatch):
+    order = []
+    fake = {"x": iter([3.0, 1.0, 2.0]), "y": iter([5.0, 9.0, 7.0])}
+
+    def fake_time_ms(call, device, **_):
+        order.append(call())
+        return next(fake[order[-1]])
+
+    monkeypatch.setattr(gb, "time_ms", fake_time_ms)
+    checked = [({"backend": name, "launcher": "", "M": 2, "N": 2, "K": 2}, lambda n=name: n)
+               for name in ("x", "y")]
+    checked.append(({"backend": "failed", "launcher": "", "M": 2, "N": 2, "K": 2, "ms": None},
+                     None))
+    gb.time_rows(checked, torch.device("cpu"), gb.Timing(rounds=3))
+    assert order == ["x", "y"] * 3
+    assert [row["ms"] for row, _ in checked] == [2.0, 7.0, None]
+    assert checked[0][0]["tflops"] == pytest.approx(16 / 2e-3 / 1e12)
+
+
+def test_a_sweep_with_rounds_times_every_passing_row():
+    rows = gb.run_sweep(["cublas", "torch_unfused"], [(9, 7, 5)], ["fp32"], torch.device("cpu"),
+                        gb.Timing(warmup_ms=1, rep_ms=2, min_reps=2, rounds=2),
+                        epilogues=("relu_c", "none"))
+    assert len(rows) == 4 and all(r["ok"] and r["ms"] > 0 for r in rows)
+    assert [r["pct_cublas"] for r in rows if r["backend"] == "cublas"] == [100, 100]
+
+
 def test_every_epilogue_is_checked_against_its_own_reference():
     device = torch.device("cuda" if HAS_GPU else "cpu")
     rows = gb.run_sweep(["cublas", "torch_unfused", "triton_fused"], [(19, 23, 17)], ["fp32"],

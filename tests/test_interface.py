@@ -14,7 +14,7 @@ DEVICE = "cuda" if HAS_GPU else "cpu"
 RUNNING = [s.name for s in backends.available() if s.runs]
 LADDER_ORDER = ["cublas", "torch_unfused", "cuda_naive", "cuda_smem", "cuda_regblock",
                 "cuda_vec", "cuda_warptile", "cuda_pipelined", "cuda_wmma", "cuda_mma",
-                "triton_fused"]
+                "cuda_wgmma", "triton_fused"]
 
 
 def test_registry_is_the_ladder_in_order():

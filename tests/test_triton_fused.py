@@ -69,3 +69,88 @@ def test_autotuned_kernel(dtype, rng):
     gemm(a, b, c, activation="relu", backend="triton_fused", out=out)
     assert_matches_reference(out, a, b, c, "relu")
     assert "BLOCK_M" in triton_fused.last_config()
+
+
+# --- the persistent TMA kernel (PERSISTENT=1 in a pinned config) -------------------------------
+
+def persistent_config(bm, bn, bk, group_m, persistent=1):
+    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group_m,
+                          "PERSISTENT": persistent}, num_warps=4, num_stages=1)
+
+
+PERSISTENT_CONFIGS = [persistent_config(16, 32, 16, 2), persistent_config(32, 16, 32, 1)]
+# TMA needs compute capability 9.0; the interpreter runs the kernel on any machine.
+TMA = not HAS_GPU or torch.cuda.get_device_capability()[0] >= triton_fused.TMA_MIN_CAPABILITY
+
+
+def kernel_that_ran():
+    return triton_fused.last_config().rsplit("; ", 1)[1]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("m,n,k", [(40, 72, 48), (70, 136, 40)])
+@pytest.mark.parametrize("config", PERSISTENT_CONFIGS, ids=["16x32x16", "32x16x32"])
+@pytest.mark.parametrize("c_kind", ["full", None])
+@pytest.mark.parametrize("relu", [True, False], ids=["relu", "linear"])
+def test_persistent_kernel_on_odd_tma_aligned_shapes(dtype, m, n, k, config, c_kind, relu, rng):
+    """M, N and K are multiples of 8 elements (16-byte rows) but not of the tiles (K: but for
+    48 with BLOCK_K 16): the TMA loads read zeros past K and past the M/N edges, the stores
+    are clipped there; several tiles per program under the interpreter."""
+    bm, bn = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"]
+    assert m % bm and n % bn
+    assert HAS_GPU or -(-m // bm) * -(-n // bn) > 2 * triton_fused.INTERPRETER_PROGRAMS
+    a, b, c = random_inputs(m, n, k, dtype, DEVICE, c_kind, rng)
+    out = torch.full((m, n), float("nan"), dtype=dtype, device=DEVICE)
+    triton_fused.run(a, b, c, relu, False, out, config=config)
+    assert_matches_reference(out, a, b, c, "relu" if relu else None)
+    if TMA:
+        assert kernel_that_ran() == "persistent TMA kernel"
+    else:
+        assert "PERSISTENT fell back: compute capability" in kernel_that_ran()
+
+
+def _misaligned(m, k, dtype, generator):
+    """An (M, K) tensor whose data starts 2 elements past a 16-byte boundary."""
+    flat = torch.randn(m * k + 2, generator=generator).to(device=DEVICE, dtype=dtype)
+    return flat[2:].view(m, k)
+
+
+@pytest.mark.parametrize("case,why", [
+    ("odd-k", "a's row stride is 66 bytes, not a multiple of 16"),
+    ("bias", "c is 1-D"),
+    ("broadcast-c", "c is broadcast over rows (row stride 0)"),
+    ("transposed-out", "out has last stride 40, not 1"),
+    ("misaligned-a", "a's data is not 16-byte aligned"),
+    ("transposed-b", "b has last stride 48, not 1"),
+])
+def test_persistent_falls_back_to_the_pointer_kernel(case, why, rng):
+    """Calls TMA cannot address run the pointer kernel with the same tiles, and say why."""
+    dtype, m, n = torch.float16, 40, 72
+    k = 33 if case == "odd-k" else 48
+    a, b, c = random_inputs(m, n, k, dtype, DEVICE, "bias" if case == "bias" else "full", rng)
+    out = torch.full((m, n), float("nan"), dtype=dtype, device=DEVICE)
+    if case == "broadcast-c":
+        c = c[0].expand(m, n)
+    elif case == "transposed-out":
+        out = torch.full((n, m), float("nan"), dtype=dtype, device=DEVICE).t()
+    elif case == "misaligned-a":
+        a = _misaligned(m, k, dtype, rng)
+    elif case == "transposed-b":
+        b = b.t().contiguous().t()
+    triton_fused.run(a, b, c, True, False, out, config=PERSISTENT_CONFIGS[0])
+    assert_matches_reference(out, a, b, c, "relu")
+    assert triton_fused.last_config().startswith(str(PERSISTENT_CONFIGS[0]))
+    expected = why if TMA else "compute capability"
+    assert kernel_that_ran().startswith(f"pointer kernel (PERSISTENT fell back: {expected}")
+
+
+def test_persistent_0_and_the_default_run_the_pointer_kernel(rng):
+    a, b, c = random_inputs(40, 72, 48, torch.float32, DEVICE, "full", rng)
+    out = torch.full((40, 72), float("nan"), device=DEVICE)
+    triton_fused.run(a, b, c, True, False, out, config=persistent_config(16, 32, 16, 2, 0))
+    assert_matches_reference(out, a, b, c, "relu")
+    assert kernel_that_ran() == "pointer kernel"
+    out.fill_(float("nan"))
+    triton_fused.run(a, b, c, True, False, out)
+    assert_matches_reference(out, a, b, c, "relu")
+    assert kernel_that_ran() == "pointer kernel" and "BLOCK_M" in triton_fused.last_config()

@@ -80,8 +80,36 @@ def test_triton_space_covers_the_autotuners_list(dtype_name, configs):
 def test_interpreter_space_is_tiny():
     space = tune.triton_space("fp32", interpreted=True)
     assert 1 < len(space) <= 8
-    assert all(set(c) == {"BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages"}
-               for c in space)
+    assert all(set(c) == {"BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages",
+                          "PERSISTENT"} for c in space)
+    assert {c["PERSISTENT"] for c in space} == {0, 1}  # both kernels, on the CPU too
+    assert tune.search_space("triton_fused", "fp16", torch.device("cpu")) == tune.triton_space(
+        "fp16", interpreted=True)
+
+
+@pytest.mark.parametrize("dtype_name,size", [("fp16", 2), ("tf32", 4), ("fp32", 4)])
+def test_triton_space_searches_the_persistent_kernel_where_it_runs(dtype_name, size):
+    """persistent=True (compute capability 9.0+): PERSISTENT 0 is the pointer kernel's space
+    as before; PERSISTENT 1 also needs shared memory for the epilogue's C and D halves."""
+    pointer_only = tune.triton_space(dtype_name, H200_SMEM)
+    space = tune.triton_space(dtype_name, H200_SMEM, persistent=True)
+    assert all("PERSISTENT" not in c for c in pointer_only)
+    assert [{**c, "PERSISTENT": 0} for c in pointer_only] == [
+        c for c in space if c["PERSISTENT"] == 0]
+    persistent = [c for c in space if c["PERSISTENT"] == 1]
+    assert persistent and len(persistent) < len(pointer_only)
+    for c in persistent:
+        epilogue = 2 * c["BLOCK_M"] * (c["BLOCK_N"] // 2) * size
+        assert smem_bytes(c, size) + epilogue <= H200_SMEM
+        assert {**c, "PERSISTENT": 0} in space
+    # Fits as the pointer kernel, not with the epilogue's buffers (fp16: 196608 + 65536 bytes)
+    tight = {"BLOCK_M": 128, "BLOCK_N": 256, "GROUP_M": 8, "num_warps": 8, "num_stages": 4,
+             "BLOCK_K": 64 if size == 2 else 32}
+    assert {**tight, "PERSISTENT": 0} in space and {**tight, "PERSISTENT": 1} not in space
+    configs = {"fp16": triton_fused.CONFIGS_16BIT, "fp32": triton_fused.CONFIGS_FP32}
+    for c in configs.get(dtype_name, []):  # the autotuner's list stays a candidate
+        assert {**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages,
+                "PERSISTENT": 0} in space
 
 
 def test_cuda_spaces_hold_the_registry_defaults_and_fit_a_block():
@@ -227,9 +255,11 @@ def test_gemm_pins_the_tuned_config_of_the_shape_bucket(table, launches, rng):
     d = gemm(a, b, c, activation="relu", backend="triton_fused")  # sees the new file
     assert_matches_reference(d, a, b, c, "relu")
     config = launches[-1]
+    # An entry without PERSISTENT (tuned before the persistent kernel): the pointer kernel.
     assert {**config.kwargs, "num_warps": config.num_warps,
-            "num_stages": config.num_stages} == PINNED
+            "num_stages": config.num_stages} == {**PINNED, "PERSISTENT": 0}
     assert "BLOCK_M: 16, BLOCK_N: 32" in impl.config()
+    assert "; pointer kernel (tuned: " in impl.config()
     assert f"tuned: tuned.json entry for {GPU} fp32 bucket 64x32x32" in impl.config()
 
     a2, b2, c2 = random_inputs(70, 20, 30, device=DEVICE, generator=rng)  # bucket 128x32x32
@@ -249,6 +279,46 @@ def test_gemm_reports_an_entry_it_cannot_use(table, rng):
         gemm(a, b, backend="triton_fused")
     gemm(a, b, backend="triton_fused", tuned=False)
     gemm(a, b, backend="cublas")  # backends with nothing to tune never read the table
+
+
+def test_pin_carries_persistent_and_old_entries_default_to_the_pointer_kernel():
+    pin = backends.BACKENDS["triton_fused"].pin
+    assert pin(PINNED).kwargs["PERSISTENT"] == 0
+    assert pin({**PINNED, "PERSISTENT": 1}).kwargs["PERSISTENT"] == 1
+    with pytest.raises(ValueError, match="PERSISTENT is 2, not 0 or 1"):
+        pin({**PINNED, "PERSISTENT": 2})
+    committed = [e for e in tuning.load(tuning.DEFAULT_PATH).entries
+                 if e["backend"] == "triton_fused"]
+    assert committed  # backends/tuned.json's entries, tuned before PERSISTENT, stay valid
+    for e in committed:
+        config = pin(e["config"])
+        assert config.kwargs["PERSISTENT"] == e["config"].get("PERSISTENT", 0)
+        assert config.num_stages == e["config"]["num_stages"]
+
+
+def test_gemm_runs_a_tuned_persistent_entry_or_says_why_it_fell_back(table, launches, rng):
+    tuning.save([entry(gpu=GPU, dtype="fp32", bucket=(64, 128, 64), **PINNED, PERSISTENT=1)],
+                table)
+    impl = backends.BACKENDS["triton_fused"]
+    a, b, c = random_inputs(40, 72, 48, device=DEVICE, generator=rng)
+    out = torch.full((40, 72), float("nan"), device=DEVICE)
+    gemm(a, b, c, activation="relu", backend="triton_fused", out=out)
+    assert_matches_reference(out, a, b, c, "relu")
+    assert launches[-1].kwargs["PERSISTENT"] == 1
+    tma = not HAS_GPU or torch.cuda.get_device_capability()[0] >= triton_fused.TMA_MIN_CAPABILITY
+    assert ("; persistent TMA kernel (tuned: tuned.json entry" in impl.config()) == tma
+
+    a, b, bias = random_inputs(40, 72, 48, device=DEVICE, c_kind="bias", generator=rng)
+    d = gemm(a, b, bias, activation="relu", backend="triton_fused")  # the same bucket
+    assert_matches_reference(d, a, b, bias, "relu")
+    assert launches[-1].kwargs["PERSISTENT"] == 1
+    assert "; pointer kernel (PERSISTENT fell back: " in impl.config()
+    assert ("fell back: c is 1-D) (tuned: tuned.json entry" in impl.config()) == tma
+
+
+def test_notes_name_a_table_in_the_repository_by_its_repository_path():
+    note = tuning.why_not("triton_fused", "no such GPU", "fp16", 64, 64, 64, tuning.DEFAULT_PATH)
+    assert note.startswith("tuned table backends/tuned.json has no entry for GPU 'no such GPU'")
 
 
 # --- run_tune and gemmlab tune ---------------------------------------------------------------
@@ -281,6 +351,30 @@ def test_run_tune_stores_a_checked_winner_that_gemm_then_uses(table, launches, m
 
 
 @interpreter_only
+def test_run_tune_can_store_the_persistent_kernel_and_gemm_then_runs_it(table, launches,
+                                                                        monkeypatch, rng):
+    """The fake clock times what really ran: the persistent TMA kernel is the fastest."""
+    def fake_time_ms(fn, device, **timing):
+        fn()
+        return 0.5 if triton_fused.last_config().endswith("persistent TMA kernel") else 2.0
+
+    monkeypatch.setattr(tune, "time_ms", fake_time_ms)
+    (row,) = tune.run_tune(["triton_fused"], [(40, 24, 32)], ["fp16"], DEVICE, out=table)
+    assert row["tried"] == row["candidates"] == 8 and row["failed"] == row["rejected"] == 0
+    assert row["default_ms"] == 2.0 and row["best_ms"] == 0.5 and row["stored"]
+    assert "pointer kernel" in row["default_config"]
+    stored = tuning.lookup("triton_fused", "cpu", "fp16", 40, 24, 32)
+    assert stored["config"]["PERSISTENT"] == 1 and stored["config"] == row["best_config"]
+
+    a, b, c = random_inputs(48, 24, 24, torch.float16, DEVICE, generator=rng)  # same bucket
+    out = torch.full((48, 24), float("nan"), dtype=torch.float16, device=DEVICE)
+    gemm(a, b, c, activation="relu", backend="triton_fused", out=out)
+    assert_matches_reference(out, a, b, c, "relu")
+    assert launches[-1].kwargs["PERSISTENT"] == 1
+    assert "persistent TMA kernel (tuned: " in backends.BACKENDS["triton_fused"].config()
+
+
+@interpreter_only
 def test_a_spent_budget_starts_no_candidate(table):
     rows = tune.run_tune(["triton_fused"], [(16, 16, 16)], ["fp32", "fp16"], DEVICE, budget_s=0,
                          out=table, **FAST)
@@ -298,15 +392,15 @@ def test_a_budget_spent_mid_search_keeps_the_best_so_far(table, monkeypatch):
     monkeypatch.setattr(tune, "time_ms", slow_time_ms)
     (row,) = tune.run_tune(["triton_fused"], [(16, 16, 16)], ["fp32"], DEVICE, budget_s=1.0,
                            out=table)
-    assert row["tried"] == 1 and row["note"] == "budget spent after 1 of 4 candidates"
+    assert row["tried"] == 1 and row["note"] == "budget spent after 1 of 8 candidates"
     assert row["stored"]  # a tie with the default is stored
     assert tuning.lookup("triton_fused", "cpu", "fp32", 16, 16, 16)["config"] == row["best_config"]
 
 
 @interpreter_only
 def test_broken_and_wrong_candidates_are_never_timed_or_stored(table, monkeypatch):
-    """(16, 16) does not launch, (16, 32) computes a wrong D; the fake clock would make the
-    wrong one the fastest if it were ever timed."""
+    """(16, 16) does not launch, (16, 32) computes a wrong D, with either kernel (PERSISTENT 0
+    and 1); the fake clock would make the wrong one the fastest if it were ever timed."""
     last = {}
     run = triton_fused.run
 
@@ -328,9 +422,9 @@ def test_broken_and_wrong_candidates_are_never_timed_or_stored(table, monkeypatc
     monkeypatch.setattr(triton_fused, "run", broken)
     monkeypatch.setattr(tune, "time_ms", fake_time_ms)
     (row,) = tune.run_tune(["triton_fused"], [(48, 40, 24)], ["fp32"], DEVICE, out=table)
-    assert row["tried"] == 4 and row["failed"] == 1 and row["rejected"] == 1
+    assert row["tried"] == 8 and row["failed"] == 2 and row["rejected"] == 2
     assert "out of resources" in row["error"] or "relative error" in row["error"]
-    assert sorted(timed, key=str) == sorted([None, (32, 16), (32, 32)], key=str)
+    assert sorted(timed, key=str) == sorted([None] + [(32, 16), (32, 32)] * 2, key=str)
     stored = tuning.lookup("triton_fused", "cpu", "fp32", 48, 40, 24)
     assert (stored["config"]["BLOCK_M"], stored["config"]["BLOCK_N"]) == (32, 16)
     assert stored["ms"] == 1.0 and stored["default_tflops"] == row["default_tflops"]

@@ -28,12 +28,8 @@
 // References: CUDA C++ Programming Guide, "Warp Matrix Functions" (wmma fragments,
 // load_matrix_sync alignment and ldm rules, bf16 support on sm_80+); CUTLASS docs,
 // efficient_gemm.md (block/warp tiling, shared-memory double buffering).
-#include "common.cuh"
+#include "tensor_core.cuh"
 #include <mma.h>
-
-#if !defined(GEMM_FP16) && !defined(GEMM_BF16)
-#error "07_wmma.cu needs 16-bit operands: compile with -DGEMM_FP16 or -DGEMM_BF16"
-#endif
 
 #ifndef BLOCK_M
 #define BLOCK_M 128
@@ -80,27 +76,6 @@ static_assert((BLOCK_M * A_CHUNKS) % THREADS == 0 && (BLOCK_K * B_CHUNKS) % THRE
 static_assert(SMEM_BYTES <= 48 * 1024, "static shared memory is limited to 48 KiB");
 
 using namespace nvcuda;
-
-// 8 consecutive elements of row `row` from column `col` of a rows x cols row-major matrix,
-// zeros outside it; for operands whose rows are not 16-byte aligned.
-__device__ __forceinline__ uint4 load8_scalar(const elem_t* __restrict__ base, int row, int col,
-                                              int rows, int cols) {
-    const unsigned short* p = reinterpret_cast<const unsigned short*>(base);
-    unsigned short v[8];
-#pragma unroll
-    for (int e = 0; e < 8; ++e)
-        v[e] = (row < rows && col + e < cols) ? p[(long long)row * cols + col + e] : 0;
-    return make_uint4(v[0] | (unsigned)v[1] << 16, v[2] | (unsigned)v[3] << 16,
-                      v[4] | (unsigned)v[5] << 16, v[6] | (unsigned)v[7] << 16);
-}
-
-__device__ __forceinline__ unsigned elem_bits(elem_t x) {
-#if defined(GEMM_BF16)
-    return __bfloat16_as_ushort(x);
-#else
-    return __half_as_ushort(x);
-#endif
-}
 
 extern "C" __global__ void __launch_bounds__(THREADS)
 gemm_wmma(const elem_t* __restrict__ A, const elem_t* __restrict__ B,

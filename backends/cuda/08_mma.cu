@@ -33,11 +33,7 @@
 // .f16/.bf16), ldmatrix; "Data movement": cp.async, cp.async.commit_group,
 // cp.async.wait_group; CUTLASS docs, efficient_gemm.md (block and warp tiling, software
 // pipelining) and cute's Swizzle.
-#include "common.cuh"
-
-#if !defined(GEMM_FP16) && !defined(GEMM_BF16)
-#error "08_mma.cu needs 16-bit operands: compile with -DGEMM_FP16 or -DGEMM_BF16"
-#endif
+#include "tensor_core.cuh"
 
 #ifndef BLOCK_M
 #define BLOCK_M 128
@@ -111,10 +107,6 @@ __device__ __forceinline__ int swz(int r, int c) {
     return c ^ ((r / line_rows) & mask);
 }
 
-__device__ __forceinline__ unsigned smem_u32(const void* p) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-
 // 16 bytes global -> shared; bytes past src_bytes (0 or 16) are written as zeros.
 __device__ __forceinline__ void cp_async16(unsigned dst, const void* src, int src_bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
@@ -146,30 +138,9 @@ __device__ __forceinline__ void mma16816(float (&acc)[4], const unsigned (&a)[4]
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// 8 consecutive elements of row `row` from column `col`, zeros outside rows x cols; for
-// operands whose rows are not 16-byte aligned.
-__device__ __forceinline__ uint4 load8_scalar(const elem_t* __restrict__ base, int row, int col,
-                                              int rows, int cols) {
-    const unsigned short* p = reinterpret_cast<const unsigned short*>(base);
-    unsigned short v[8];
-#pragma unroll
-    for (int e = 0; e < 8; ++e)
-        v[e] = (row < rows && col + e < cols) ? p[(long long)row * cols + col + e] : 0;
-    return make_uint4(v[0] | (unsigned)v[1] << 16, v[2] | (unsigned)v[3] << 16,
-                      v[4] | (unsigned)v[5] << 16, v[6] | (unsigned)v[7] << 16);
-}
-
 __device__ __forceinline__ void st_shared16(unsigned dst, uint4 v) {
     asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};\n"
                  :: "r"(dst), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
-}
-
-__device__ __forceinline__ unsigned short elem_bits(elem_t x) {
-#if defined(GEMM_BF16)
-    return __bfloat16_as_ushort(x);
-#else
-    return __half_as_ushort(x);
-#endif
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS)
@@ -180,18 +151,8 @@ gemm_mma(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
     // Stage s: A tile (BLOCK_M x BLOCK_K) at s * STAGE_BYTES, then B tile (BLOCK_K x BLOCK_N).
     const unsigned smem_base = smem_u32(smem);
 
-    // Grouped block order: GROUP_M tile rows are walked column by column, so the blocks
-    // resident together reuse a few A row-panels and B column-panels from L2.
     int tile_m, tile_n;
-    {
-        const long long pid = (long long)blockIdx.y * gridDim.x + blockIdx.x;
-        const long long per_group = (long long)GROUP_M * gridDim.x;
-        const int first_m = (int)(pid / per_group) * GROUP_M;
-        const int group_rows = min((int)gridDim.y - first_m, GROUP_M);
-        const int in_group = (int)(pid % per_group);
-        tile_m = first_m + in_group % group_rows;
-        tile_n = in_group / group_rows;
-    }
+    grouped_tile(GROUP_M, tile_m, tile_n);
     const int m0 = tile_m * BLOCK_M;
     const int n0 = tile_n * BLOCK_N;
 
@@ -385,8 +346,7 @@ gemm_mma(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
     cp_async_wait<0>();  // only empty groups are left; leave nothing in flight
 
     // Epilogue from registers: acc[i][j] holds D rows g and g + 8 (g = lane / 4), columns
-    // 2 * (lane % 4) + {0, 1} of the 16x8 tile (i, j). Pairs go out as one 4-byte store
-    // when N is even (then row * N + col is even, so the pair is 4-byte aligned).
+    // 2 * (lane % 4) + {0, 1} of the 16x8 tile (i, j).
     const int g = lane >> 2, t4 = lane & 3;
     const bool pair_ok = (N & 1) == 0;
 #pragma unroll
@@ -397,24 +357,9 @@ gemm_mma(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
             if (m >= M) continue;
             elem_t* d_row = D + (long long)m * N;
 #pragma unroll
-            for (int j = 0; j < NT; ++j) {
-                const int n = n0 + wn * WARP_N + 8 * j + 2 * t4;
-                if (n >= N) continue;
-                const elem_t v0 = from_float(gemm_epilogue(acc[i][j][2 * h], C, ldc, m, n, relu));
-                if (n + 1 < N) {
-                    const elem_t v1 =
-                        from_float(gemm_epilogue(acc[i][j][2 * h + 1], C, ldc, m, n + 1, relu));
-                    if (pair_ok) {
-                        *reinterpret_cast<unsigned*>(d_row + n) =
-                            elem_bits(v0) | (unsigned)elem_bits(v1) << 16;
-                    } else {
-                        d_row[n] = v0;
-                        d_row[n + 1] = v1;
-                    }
-                } else {
-                    d_row[n] = v0;
-                }
-            }
+            for (int j = 0; j < NT; ++j)
+                store_pair(d_row, C, ldc, N, m, n0 + wn * WARP_N + 8 * j + 2 * t4,
+                           acc[i][j][2 * h], acc[i][j][2 * h + 1], relu, pair_ok);
         }
     }
 }

@@ -19,6 +19,11 @@ blocks; it has ``THREADS`` threads along x when the kernel's parameters define `
 else ``(BLOCK_N // TN, BLOCK_M // TM)``. A kernel that needs more than the 48 KiB of static
 shared memory declares ``extern __shared__`` memory and its size in bytes as
 ``extern "C" __constant__ int gemm_dynamic_smem``; the launcher reads it after compiling.
+
+A kernel built with ``tma=True`` (``09_wgmma.cu``) uses sm_90a-only instructions (wgmma,
+setmaxnreg), so it is compiled for ``sm_90a`` and runs on compute capability 9.0 GPUs only; it
+reads A and B through TMA tensor maps (``backends/cuda/tma.py``) and takes a tenth argument,
+``const unsigned long long* tmaps``: a device buffer with the two 128-byte maps.
 """
 
 from __future__ import annotations
@@ -64,12 +69,20 @@ class CudaKernel:
             may hold ``TM`` and ``TN`` (rows and columns of D per thread, default 1) or
             ``THREADS`` (a 1-D block of that many threads).
         dtypes: operand dtypes it is built for (float32, or float16 and bfloat16).
+        tma: reads A and B through TMA tensor maps and needs sm_90a (see the module doc);
+            ``params`` must then hold ``BLOCK_M`` and ``BLOCK_K``, the box of A.
     """
 
     source: str
     name: str
     params: dict[str, int] = field(default_factory=dict)
     dtypes: tuple[torch.dtype, ...] = (torch.float32,)
+    tma: bool = False
+
+    @property
+    def arch_suffix(self) -> str:
+        """``"a"`` when the kernel needs the arch-specific target (sm_90a), else ``""``."""
+        return "a" if self.tma else ""
 
     @property
     def threads(self) -> tuple[int, int]:
@@ -92,7 +105,7 @@ class CudaKernel:
     def compiled(self, dtype: torch.dtype, device: int):
         """The compiled kernel (a ``cupy.RawKernel``-like function) and its dynamic shared
         memory in bytes, for ``dtype`` operands on ``device``."""
-        return _compiled(self.source, self.name, self.defines(dtype), device)
+        return _compiled(self.source, self.name, self.defines(dtype), device, self.arch_suffix)
 
     def __call__(self, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None,
                  relu: bool, out: torch.Tensor) -> torch.Tensor:
@@ -106,7 +119,8 @@ class CudaKernel:
 
         Raises:
             ValueError: M needs more than 65535 thread blocks along gridDim.y.
-            RuntimeError: the PyCUDA launcher on a stream other than the default one.
+            RuntimeError: the PyCUDA launcher on a stream other than the default one; a
+                ``tma`` kernel on a GPU that is not compute capability 9.0.
         """
         m, k = a.shape
         n = b.shape[1]
@@ -116,8 +130,18 @@ class CudaKernel:
                              f"(limit {_MAX_GRID_Y}) at BLOCK_M={self.params['BLOCK_M']}")
         device = a.device.index if a.device.index is not None else torch.cuda.current_device()
         ldc = 0 if c is None or c.dim() == 1 else n
+        extra = ()
+        if self.tma:
+            if (why := sm90a_unavailable_reason(device)) is not None:
+                raise RuntimeError(f"{self.name}: {why}")
+            from . import tma
+
+            a, b = tma.operands(a, b)
+            maps = tma.gemm_maps(a, b, k, n, self.params["BLOCK_M"], self.params["BLOCK_K"],
+                                 tma.BOX_N)
+            extra = (maps.data_ptr(),)
         args = (a.data_ptr(), b.data_ptr(), 0 if c is None else c.data_ptr(), out.data_ptr(),
-                m, n, k, ldc, int(relu))
+                m, n, k, ldc, int(relu), *extra)
         if _LAUNCHER.get() == "pycuda":
             from .pycuda_launch import launch
 
@@ -127,7 +151,7 @@ class CudaKernel:
 
         kernel, smem = self.compiled(a.dtype, device)
         args = (*args[:4], cupy.int32(m), cupy.int32(n), cupy.int32(k), cupy.int64(ldc),
-                cupy.int32(relu))
+                cupy.int32(relu), *extra)
         stream = _stream(torch.cuda.current_stream(device).cuda_stream, device)
         with cupy.cuda.Device(device), stream:
             kernel(grid, self.threads, args, shared_mem=smem)
@@ -155,6 +179,23 @@ def use_launcher(name: str):
         yield
     finally:
         _LAUNCHER.reset(token)
+
+
+def sm90a_unavailable_reason(device: int | None = None) -> str | None:
+    """Why an sm_90a kernel (``tma=True``) cannot run on ``device`` (default: the current
+    one), or None when it can: sm_90a code runs on compute capability 9.0 only."""
+    if (why := cuda_unavailable_reason()) is not None:
+        return why
+    return _sm90a_reason(torch.cuda.current_device() if device is None else device)
+
+
+@functools.cache
+def _sm90a_reason(device: int) -> str | None:
+    capability = torch.cuda.get_device_capability(device)
+    if capability != (9, 0):
+        return (f"needs a compute capability 9.0 GPU (sm_90a: wgmma, TMA); this one is "
+                f"{capability[0]}.{capability[1]}")
+    return None
 
 
 @functools.cache
@@ -199,15 +240,16 @@ def _toolkit_includes() -> tuple[str, ...]:
 
 
 @functools.cache
-def _compiled(source: str, name: str, defines: tuple[str, ...], device: int):
+def _compiled(source: str, name: str, defines: tuple[str, ...], device: int, arch_suffix: str):
     """Compile once per (source, tile sizes, dtype, device) for the device's own architecture
-    (sm_90 on H200). CuPy also caches the binary on disk, so a second process skips NVRTC.
-    Returns the function and its dynamic shared memory in bytes."""
+    (sm_90 on H200; sm_90a with ``arch_suffix="a"``). CuPy also caches the binary on disk, so
+    a second process skips NVRTC. Returns the function and its dynamic shared memory in
+    bytes."""
     import cupy
 
     major, minor = torch.cuda.get_device_capability(device)
     code = (SOURCE_DIR / source).read_text()
-    options = compile_options(f"sm_{major}{minor}", defines) + _toolkit_includes()
+    options = compile_options(f"sm_{major}{minor}{arch_suffix}", defines) + _toolkit_includes()
     with cupy.cuda.Device(device):
         module = cupy.RawModule(code=code, options=options)
         function = module.get_function(name)

@@ -31,17 +31,18 @@ def _context(device: int):
 
 
 @functools.cache
-def _compiled(source: str, name: str, defines: tuple[str, ...], device: int):
-    """(function, dynamic shared memory bytes), compiled by nvcc for ``device``'s arch."""
+def _compiled(source: str, name: str, defines: tuple[str, ...], device: int, arch_suffix: str):
+    """(function, dynamic shared memory bytes), compiled by nvcc for ``device``'s arch (with
+    ``arch_suffix``, e.g. ``"a"`` for sm_90a)."""
     import pycuda.driver as drv
     from pycuda.compiler import SourceModule
 
     major, minor = torch.cuda.get_device_capability(device)
-    options = [o for o in compile_options(f"sm_{major}{minor}", defines)
-               if not o.startswith("-arch=")]
+    arch = f"sm_{major}{minor}{arch_suffix}"
+    options = [o for o in compile_options(arch, defines) if not o.startswith("-arch=")]
     code = (SOURCE_DIR / source).read_text()
     # no_extern_c: the sources declare their kernels extern "C" themselves.
-    module = SourceModule(code, options=options, arch=f"sm_{major}{minor}", no_extern_c=True)
+    module = SourceModule(code, options=options, arch=arch, no_extern_c=True)
     function = module.get_function(name)
     smem = 0
     if "gemm_dynamic_smem" in code:
@@ -56,7 +57,8 @@ def _compiled(source: str, name: str, defines: tuple[str, ...], device: int):
 def launch(kernel: CudaKernel, dtype: torch.dtype, device: int, grid: tuple[int, int],
            args: tuple) -> None:
     """Launch ``kernel`` for ``dtype`` operands on ``device`` with the launcher-neutral
-    ``args`` (four pointers, M, N, K, ldc, relu) on the default stream.
+    ``args`` (four pointers, M, N, K, ldc, relu, and the tensor-map buffer of a ``tma``
+    kernel) on the default stream.
 
     Raises:
         RuntimeError: torch's current stream is not the default stream.
@@ -67,10 +69,11 @@ def launch(kernel: CudaKernel, dtype: torch.dtype, device: int, grid: tuple[int,
     context = _context(device)
     context.push()
     try:
-        function, smem = _compiled(kernel.source, kernel.name, kernel.defines(dtype), device)
-        a, b, c, d, m, n, k, ldc, relu = args
+        function, smem = _compiled(kernel.source, kernel.name, kernel.defines(dtype), device,
+                                   kernel.arch_suffix)
+        a, b, c, d, m, n, k, ldc, relu, *extra = args  # extra: the tensor-map buffer
         function(np.uintp(a), np.uintp(b), np.uintp(c), np.uintp(d), np.int32(m), np.int32(n),
-                 np.int32(k), np.int64(ldc), np.int32(relu), block=(*kernel.threads, 1),
-                 grid=grid, shared=smem)
+                 np.int32(k), np.int64(ldc), np.int32(relu), *map(np.uintp, extra),
+                 block=(*kernel.threads, 1), grid=grid, shared=smem)
     finally:
         context.pop()

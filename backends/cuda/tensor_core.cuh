@@ -1,0 +1,69 @@
+// Shared by the tensor-core rungs (07_wmma, 08_mma, 09_wgmma): 16-bit element bits, staging of
+// unaligned rows, the grouped block order and the epilogue of an accumulator pair.
+#pragma once
+#include "common.cuh"
+
+#if !defined(GEMM_FP16) && !defined(GEMM_BF16)
+#error "the tensor-core kernels need 16-bit operands: compile with -DGEMM_FP16 or -DGEMM_BF16"
+#endif
+
+__device__ __forceinline__ unsigned smem_u32(const void* p) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ unsigned elem_bits(elem_t x) {
+#if defined(GEMM_BF16)
+    return __bfloat16_as_ushort(x);
+#else
+    return __half_as_ushort(x);
+#endif
+}
+
+// 8 consecutive elements of row `row` of a rows x cols row-major matrix, from column `col`,
+// zeros outside it; for operands whose rows are not 16-byte aligned.
+__device__ __forceinline__ uint4 load8_scalar(const elem_t* __restrict__ base, int row, int col,
+                                              int rows, int cols) {
+    const unsigned short* p = reinterpret_cast<const unsigned short*>(base);
+    unsigned short v[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e)
+        v[e] = (row < rows && col + e < cols) ? p[(long long)row * cols + col + e] : 0;
+    return make_uint4(v[0] | (unsigned)v[1] << 16, v[2] | (unsigned)v[3] << 16,
+                      v[4] | (unsigned)v[5] << 16, v[6] | (unsigned)v[7] << 16);
+}
+
+// Grouped block order (Triton's matmul tutorial): the grid's blocks walk group_m tile rows
+// column by column, so the blocks resident together reuse a few A row-panels and B
+// column-panels from L2. Grid: x over the tiles along N, y over the tiles along M.
+__device__ __forceinline__ void grouped_tile(int group_m, int& tile_m, int& tile_n) {
+    const long long pid = (long long)blockIdx.y * gridDim.x + blockIdx.x;
+    const long long per_group = (long long)group_m * gridDim.x;
+    const int first_m = (int)(pid / per_group) * group_m;
+    const int group_rows = min((int)gridDim.y - first_m, group_m);
+    const int in_group = (int)(pid % per_group);
+    tile_m = first_m + in_group % group_rows;
+    tile_n = in_group / group_rows;
+}
+
+// D[m, n] and D[m, n + 1] = act(acc + C) from the accumulator pair (a0, a1) that the mma and
+// wgmma fragment layouts give a thread; d_row is row m of D, columns past N are dropped.
+// pair_ok (N even, so m * N + n is even: a 4-byte aligned address) sends the pair out as
+// one 4-byte store.
+__device__ __forceinline__ void store_pair(elem_t* __restrict__ d_row,
+                                           const elem_t* __restrict__ C, long long ldc, int N,
+                                           int m, int n, float a0, float a1, int relu,
+                                           bool pair_ok) {
+    if (n >= N) return;
+    const elem_t v0 = from_float(gemm_epilogue(a0, C, ldc, m, n, relu));
+    if (n + 1 < N) {
+        const elem_t v1 = from_float(gemm_epilogue(a1, C, ldc, m, n + 1, relu));
+        if (pair_ok) {
+            *reinterpret_cast<unsigned*>(d_row + n) = elem_bits(v0) | elem_bits(v1) << 16;
+        } else {
+            d_row[n] = v0;
+            d_row[n + 1] = v1;
+        }
+    } else {
+        d_row[n] = v0;
+    }
+}

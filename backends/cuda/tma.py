@@ -1,0 +1,97 @@
+"""TMA tensor maps for the kernels that read A and B through the tensor memory accelerator
+(``09_wgmma.cu``), encoded by the CUDA driver's ``cuTensorMapEncodeTiled``.
+
+A tensor map (``CUtensorMap``, 128 bytes) describes a 2-D row-major matrix in global memory:
+its address, sizes, row stride and the box one copy moves, with the 128-byte swizzle wgmma
+reads. The driver requires 16-byte aligned addresses and row strides (CUDA driver API,
+"Tensor Map Object Management"); ``operands`` pads A or B into an aligned copy when they are
+not. The two maps of a launch sit in one small device buffer the kernel receives as a pointer,
+cached by everything they encode (a map holds no other state), so a repeated call encodes and
+copies nothing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+import torch.nn.functional as F
+
+MAP_BYTES = 128  # sizeof(CUtensorMap)
+BOX_N = 64  # columns of a B box: 128 bytes of 16-bit elements, the swizzle span
+_ALIGN = 16  # bytes: global address and row strides of a tensor map
+# CUtensorMapDataType, CUtensorMapSwizzle, CUtensorMapL2promotion (cuda.h)
+_DATA_TYPES = {torch.float16: 6, torch.bfloat16: 9}
+_SWIZZLE_128B = 3
+_L2_PROMOTION_256B = 3
+
+
+@functools.cache
+def _encode_tiled():
+    """The driver's cuTensorMapEncodeTiled through ctypes (CuPy does not wrap it)."""
+    fn = ctypes.CDLL("libcuda.so.1").cuTensorMapEncodeTiled
+    u32p, u64p = ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint64)
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p, u64p, u64p,
+                   u32p, u32p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def _aligned(t: torch.Tensor) -> bool:
+    return t.data_ptr() % _ALIGN == 0 and t.stride(0) * t.element_size() % _ALIGN == 0
+
+
+def operands(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``a`` (M, K) and ``b`` (K, N), each as is when a tensor map can describe it, else as a
+    copy whose rows are zero-padded to a multiple of 16 bytes (the logical sizes the maps
+    declare stay M, K, N, so the padding is never read)."""
+    def fit(t: torch.Tensor) -> torch.Tensor:
+        if _aligned(t):
+            return t
+        per_row = _ALIGN // t.element_size()
+        return F.pad(t, (0, -t.shape[1] % per_row))
+
+    return fit(a), fit(b)
+
+
+def encode_2d(address: int, dtype: torch.dtype, rows: int, cols: int, row_bytes: int,
+              box_rows: int, box_cols: int) -> bytes:
+    """The tensor map of a ``rows`` x ``cols`` row-major fp16/bf16 matrix at ``address`` whose
+    rows are ``row_bytes`` apart (both multiples of 16), copied in boxes of ``box_rows`` x
+    ``box_cols`` elements with the 128-byte swizzle; elements outside the matrix read as
+    zeros.
+
+    Raises:
+        RuntimeError: the driver refuses the map (its CUresult in the message).
+    """
+    raw = ctypes.create_string_buffer(MAP_BYTES + 64)
+    aligned = -(-ctypes.addressof(raw) // 64) * 64  # CUtensorMap is 64-byte aligned
+    dims = (ctypes.c_uint64 * 2)(cols, rows)  # innermost first
+    strides = (ctypes.c_uint64 * 1)(row_bytes)
+    box = (ctypes.c_uint32 * 2)(box_cols, box_rows)
+    element_strides = (ctypes.c_uint32 * 2)(1, 1)
+    status = _encode_tiled()(aligned, _DATA_TYPES[dtype], 2, address, dims, strides, box,
+                             element_strides, 0, _SWIZZLE_128B, _L2_PROMOTION_256B, 0)
+    if status != 0:
+        raise RuntimeError(f"cuTensorMapEncodeTiled failed (CUresult {status}) for a "
+                           f"{rows}x{cols} {dtype} matrix, box {box_rows}x{box_cols}")
+    return ctypes.string_at(aligned, MAP_BYTES)
+
+
+def gemm_maps(a: torch.Tensor, b: torch.Tensor, k: int, n: int, block_m: int, block_k: int,
+              box_n: int) -> torch.Tensor:
+    """A uint8 device tensor holding the tensor maps of A, (M, ``k``) in boxes of ``block_m``
+    x ``block_k``, and of B, (``k``, ``n``) in boxes of ``block_k`` x ``box_n``; ``a`` and
+    ``b`` as ``operands`` returns them (their columns may extend past ``k`` and ``n``)."""
+    size = a.element_size()
+    return _maps(a.data_ptr(), a.shape[0], a.stride(0) * size, b.data_ptr(), b.stride(0) * size,
+                 k, n, a.dtype, a.device.index, block_m, block_k, box_n)
+
+
+@functools.lru_cache(maxsize=256)
+def _maps(a_ptr, m, a_row_bytes, b_ptr, b_row_bytes, k, n, dtype, device, block_m, block_k,
+          box_n) -> torch.Tensor:
+    maps = (encode_2d(a_ptr, dtype, m, k, a_row_bytes, block_m, block_k) +
+            encode_2d(b_ptr, dtype, k, n, b_row_bytes, block_k, box_n))
+    return torch.frombuffer(bytearray(maps), dtype=torch.uint8).to(f"cuda:{device}")

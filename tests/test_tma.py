@@ -1,0 +1,37 @@
+"""The host side of the TMA kernel (backends/cuda/tma.py) that runs without a GPU: which
+operands a tensor map can describe as they are, and the zero-padded copies of the others."""
+
+import pytest
+import torch
+
+from backends.cuda import tma
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_aligned_operands_are_used_as_they_are(dtype):
+    a = torch.randn(37, 776, dtype=dtype)  # 776 * 2 bytes = 97 * 16
+    b = torch.randn(776, 1992, dtype=dtype)
+    pa, pb = tma.operands(a, b)
+    assert pa is a and pb is b
+
+
+@pytest.mark.parametrize("k,n", [(777, 1992), (776, 1999), (1, 1), (9, 3)])
+def test_unaligned_rows_are_zero_padded_to_16_bytes(k, n):
+    a = torch.randn(5, k, dtype=torch.float16)
+    b = torch.randn(k, n, dtype=torch.float16)
+    pa, pb = tma.operands(a, b)
+    for t, p in ((a, pa), (b, pb)):
+        assert p.shape[0] == t.shape[0]
+        assert p.stride(0) * p.element_size() % 16 == 0 and p.stride(1) == 1
+        assert p.shape[1] - t.shape[1] < 8  # the least padding that aligns the rows
+        assert torch.equal(p[:, :t.shape[1]], t)
+        assert not p[:, t.shape[1]:].any()
+
+
+def test_a_misaligned_base_address_is_copied():
+    b = torch.randn(8, 16, dtype=torch.float16)
+    odd = torch.randn(65, dtype=torch.float16)[1:].view(8, 8)  # base 2 bytes past alignment
+    assert odd.data_ptr() % 16 != 0
+    pa, pb = tma.operands(odd, b)
+    assert pb is b and pa is not odd
+    assert pa.data_ptr() % 16 == 0 and torch.equal(pa[:, :8], odd)
