@@ -34,10 +34,6 @@
 // cuTensorMapEncodeTiled; CUTLASS's cute/arch/mma_sm90_desc.hpp (descriptor layouts).
 #include "tensor_core.cuh"
 
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#error "09_wgmma.cu uses sm_90a features (wgmma, setmaxnreg): compile with -arch=sm_90a"
-#endif
-
 #ifndef BLOCK_M
 #define BLOCK_M 128  // 64 rows per consumer warpgroup
 #endif
