@@ -243,12 +243,11 @@ def why_not(backend: str, gpu: str, dtype: str, m: int, n: int, k: int,
 
 def merge(old: list[dict], new: list[dict]) -> list[dict]:
     """``old`` with ``new`` merged in: a new entry replaces the one of the same (gpu, backend,
-    dtype, bucket) only when its TFLOP/s are higher. Sorted by that key, for stable diffs."""
+    dtype, bucket). Which is faster is decided before, with both timed in one run
+    (``gemmlab tune`` times the table's entry beside the candidates); TFLOP/s recorded in
+    different runs do not compare. Sorted by that key, for stable diffs."""
     merged = {_key(e): e for e in old}
-    for entry in new:
-        current = merged.get(_key(entry))
-        if current is None or entry["tflops"] > current["tflops"]:
-            merged[_key(entry)] = entry
+    merged.update((_key(e), e) for e in new)
     return [merged[key] for key in sorted(merged)]
 
 

@@ -9,7 +9,8 @@ random order: written into an output poisoned with NaN, compared with the float6
 (relative Frobenius error, tolerance by dtype), and timed (``bench.timing.time_ms``) only if
 it passed. A candidate that does not compile (a ``static_assert``, too much shared memory) or
 launch is counted as failed, one with a wrong result as rejected: neither is ever stored. The
-best candidate is stored when it is at least as fast as the default measured in the same run.
+best candidate is stored when it is at least as fast as the default and as the tuned table's
+entry for the bucket (if any), both measured in the same run; it then replaces that entry.
 The search follows siboehm/SGEMM_CUDA's autotuner scripts (a grid over the compile-time tile
 sizes, every variant checked) and ``triton.autotune``'s config lists.
 
@@ -247,8 +248,10 @@ def _tflops(m: int, n: int, k: int, ms: float | None) -> float | None:
 
 def _search(row: dict, impl, space: list[dict], operands, device: torch.device,
             deadline: float | None, order: random.Random, timing: dict,
-            progress: Callable[[str, int], None], say: Callable[[str], None]) -> None:
-    """One group: check and time ``impl``'s default configuration, then the candidates of
+            progress: Callable[[str, int], None], say: Callable[[str], None],
+            incumbent: dict | None = None) -> None:
+    """One group: check and time ``impl``'s default configuration and the ``incumbent``
+    configuration (the tuned table's for this bucket, if any), then the candidates of
     ``space`` in a random order until ``deadline`` (``time.monotonic()``); fills ``row``."""
     import backends
     from backends import tuning
@@ -268,6 +271,18 @@ def _search(row: dict, impl, space: list[dict], operands, device: torch.device,
     if status != "ok":
         row["error"] = f"default configuration {status}: {why}"
         say(f"{label}: the default configuration {status}: {why}")
+    if incumbent is not None:
+        # Timed again here: times from another run (clocks, temperature) do not compare.
+        try:
+            choice = tuning.Choice(impl.pin(incumbent), "the tuned table's entry")
+        except (KeyError, TypeError, ValueError) as exc:
+            status, ms, why = "failed", None, f"cannot pin it: {exc}"
+        else:
+            status, ms, why = _measure(lambda: impl.run(a, b, c, True, tf32, d, choice), d, ref,
+                                       tol, device, **timing)
+        row.update(table_ms=ms, table_tflops=_tflops(m, n, k, ms))
+        if status != "ok":
+            _add_note(row, f"the table's entry {status}: {why}")
     progress(f"{label}: 0/{len(space)} candidates", 1)
 
     order.shuffle(space)
@@ -315,9 +330,10 @@ def run_tune(names: list[str], shapes: list[tuple[int, int, int]], dtype_names: 
         One dict per group, in sweep order: backend, dtype, M, N, K, bucket, candidates (size
         of the space), tried, failed (did not compile or launch), rejected (wrong result),
         default_ok (the default configuration passed its check; None when the budget left
-        the group out), default_config, default_ms,
-        default_tflops, best_config, best_ms, best_tflops, stored (whether the best is now in
-        the table), note, error (the first failure's message).
+        the group out), default_config, default_ms, default_tflops, table_ms and
+        table_tflops (the table's entry for the bucket timed in this run; None without one),
+        best_config, best_ms, best_tflops, stored (whether the best is now in the table),
+        note, error (the first failure's message).
 
     Raises:
         ValueError: the table at ``out`` is malformed (nothing is written over it).
@@ -328,7 +344,8 @@ def run_tune(names: list[str], shapes: list[tuple[int, int, int]], dtype_names: 
     from . import gemm_bench as gb
 
     path = tuning.table_path() if out is None else Path(out)
-    tuning.load(path)  # a malformed table fails now, not after the search
+    table = tuning.load(path)  # a malformed table fails now, not after the search
+    gpu = tuning.device_name(device)
     plan = [(shape, dtype_name, name, search_space(name, dtype_name, device))
             for shape in shapes for dtype_name in dtype_names for name in names
             if gb.supports(backends.BACKENDS[name], dtype_name, device)]
@@ -350,7 +367,8 @@ def run_tune(names: list[str], shapes: list[tuple[int, int, int]], dtype_names: 
             row = {"backend": name, "dtype": dtype_name, "M": m, "N": n, "K": k,
                    "bucket": list(tuning.bucket(m, n, k)), "candidates": len(space), "tried": 0,
                    "failed": 0, "rejected": 0, "default_ok": None, "default_config": "",
-                   "default_ms": None, "default_tflops": None, "best_config": None,
+                   "default_ms": None, "default_tflops": None, "table_ms": None,
+                   "table_tflops": None, "best_config": None,
                    "best_ms": None, "best_tflops": None, "stored": False, "note": "",
                    "error": ""}
             rows.append(row)
@@ -360,26 +378,28 @@ def run_tune(names: list[str], shapes: list[tuple[int, int, int]], dtype_names: 
                 progress.advance(task, len(space) + 1)
                 continue
             deadline = None if end is None else now + (end - now) / (len(plan) - i)
+            incumbent = table.get(name, gpu, dtype_name, m, n, k)
             _search(row, impl, space, operands, device, deadline, order, timing,
                     lambda text, advance: progress.update(task, description=text,
-                                                          advance=advance), say)
+                                                          advance=advance), say,
+                    None if incumbent is None else incumbent["config"])
             if row["best_ms"] is None:
                 _add_note(row, "no candidate passed")
             elif row["default_ms"] is not None and row["best_ms"] > row["default_ms"]:
                 _add_note(row, "the default configuration was faster: not stored")
+            elif row["table_ms"] is not None and row["best_ms"] > row["table_ms"]:
+                _add_note(row, "the table's entry was faster in this run: kept")
             else:
                 stored.append((row, {
-                    "gpu": tuning.device_name(device), "backend": name, "dtype": dtype_name,
+                    "gpu": gpu, "backend": name, "dtype": dtype_name,
                     "bucket": row["bucket"], "config": row["best_config"],
                     "tflops": row["best_tflops"], "ms": row["best_ms"],
                     "default_tflops": row["default_tflops"], "shape": [m, n, k], "date": date,
                     "git_commit": commit}))
     if stored:
-        merged = tuning.save([entry for _, entry in stored], path)
-        for row, entry in stored:
-            row["stored"] = entry in merged
-            if not row["stored"]:
-                _add_note(row, "the table's entry for this bucket is faster: kept")
+        tuning.save([entry for _, entry in stored], path)
+        for row, _ in stored:
+            row["stored"] = True
     return rows
 
 
@@ -453,7 +473,7 @@ def cmd_tune(args: argparse.Namespace, console: Console) -> int:
     table = Table(title="gemmlab tune: best configuration per (backend, dtype, shape)"
                   + ("" if gpu else "  [CPU: Triton interpreter times]"))
     for col in ("backend", "dtype", "M", "N", "K", "tried", "failed", "wrong", "default TFLOP/s",
-                "best TFLOP/s", "x default", "best config", "stored"):
+                "table TFLOP/s", "best TFLOP/s", "x default", "best config", "stored"):
         table.add_column(col, justify="left" if col in ("backend", "dtype", "best config",
                                                        "stored") else "right")
     for r in rows:
@@ -462,7 +482,8 @@ def cmd_tune(args: argparse.Namespace, console: Console) -> int:
         config = " ".join(f"{k}={v}" for k, v in (r["best_config"] or {}).items()) or "-"
         table.add_row(r["backend"], r["dtype"], str(r["M"]), str(r["N"]), str(r["K"]),
                       f"{r['tried']}/{r['candidates']}", str(r["failed"]), str(r["rejected"]),
-                      gb.fmt(r["default_tflops"], ".4g"), gb.fmt(r["best_tflops"], ".4g"),
+                      gb.fmt(r["default_tflops"], ".4g"), gb.fmt(r["table_tflops"], ".4g"),
+                      gb.fmt(r["best_tflops"], ".4g"),
                       gb.fmt(speedup, ".2f"), config, "yes" if r["stored"] else r["note"] or "no")
     console.print(table)
     stored = sum(r["stored"] for r in rows)

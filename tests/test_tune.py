@@ -157,14 +157,15 @@ def test_bucket_needs_positive_sizes():
         tuning.bucket(0, 4, 4)
 
 
-def test_save_keeps_the_faster_entry_per_key(table):
-    slow, fast = entry(tflops=400.0, BLOCK_M=1), entry(tflops=600.0, BLOCK_M=2)
+def test_save_replaces_the_entry_of_its_key(table):
+    """Recorded TFLOP/s of different runs do not decide: the tuner compares in one run."""
+    first, second = entry(tflops=600.0, BLOCK_M=1), entry(tflops=400.0, BLOCK_M=2)
     other_bucket = entry(bucket=(1024, 1024, 1024), tflops=100.0)
-    assert tuning.save([slow, other_bucket], table) == [other_bucket, slow]
-    assert tuning.save([fast], table) == [other_bucket, fast]
-    assert tuning.save([slow], table) == [other_bucket, fast]  # slower: the file keeps fast
-    assert json.loads(table.read_text()) == {"entries": [other_bucket, fast]}
-    assert tuning.load(table).get("triton_fused", "NVIDIA H200", "fp16", 4000, 4096, 3000) == fast
+    assert tuning.save([first, other_bucket], table) == [other_bucket, first]
+    assert tuning.save([second], table) == [other_bucket, second]
+    assert json.loads(table.read_text()) == {"entries": [other_bucket, second]}
+    assert tuning.load(table).get("triton_fused", "NVIDIA H200", "fp16", 4000, 4096,
+                                  3000) == second
     assert [p.name for p in table.parent.iterdir()] == ["tuned.json"]  # no temporary left
     assert table.stat().st_mode & 0o777 == 0o644
 
@@ -372,6 +373,41 @@ def test_run_tune_can_store_the_persistent_kernel_and_gemm_then_runs_it(table, l
     assert_matches_reference(out, a, b, c, "relu")
     assert launches[-1].kwargs["PERSISTENT"] == 1
     assert "persistent TMA kernel (tuned: " in backends.BACKENDS["triton_fused"].config()
+
+
+@interpreter_only
+@pytest.mark.parametrize("table_ms,replaced", [(1.5, True), (0.25, False)])
+def test_the_tables_entry_is_timed_in_the_same_run(table, monkeypatch, table_ms, replaced):
+    """The entry's recorded TFLOP/s (from another run) do not count; its time in this run
+    does: a candidate replaces it only when faster here."""
+    old = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 4, "num_warps": 4,
+           "num_stages": 1}
+    tuning.save([entry(gpu="cpu", dtype="fp32", bucket=(64, 32, 32), tflops=1e9,
+                       **old)], table)
+    (old_entry,) = tuning.load(table).entries
+    pinned = []
+
+    def fake_time_ms(fn, device, **timing):
+        fn()
+        config = triton_fused._last[0]
+        pinned.append(config)
+        if config is triton_fused.INTERPRETER_CONFIG:
+            return 2.0  # the default
+        if {k: config.kwargs[k] for k in ("BLOCK_M", "BLOCK_N")} == {"BLOCK_M": 16,
+                                                                      "BLOCK_N": 16}:
+            return table_ms if len(pinned) == 2 else 3.0  # the table's entry, then a candidate
+        return 1.0
+
+    monkeypatch.setattr(tune, "time_ms", fake_time_ms)
+    (row,) = tune.run_tune(["triton_fused"], [(40, 24, 32)], ["fp32"], DEVICE, out=table)
+    assert row["table_ms"] == table_ms and row["best_ms"] == 1.0
+    assert row["stored"] is replaced
+    (now,) = tuning.load(table).entries
+    if replaced:
+        assert now["config"] == row["best_config"] and now["ms"] == 1.0
+    else:
+        assert now == old_entry
+        assert row["note"] == "the table's entry was faster in this run: kept"
 
 
 @interpreter_only
