@@ -9,6 +9,8 @@ random order: written into an output poisoned with NaN, compared with the float6
 (relative Frobenius error, tolerance by dtype), and timed (``bench.timing.time_ms``) only if
 it passed. A candidate that does not compile (a ``static_assert``, too much shared memory) or
 launch is counted as failed, one with a wrong result as rejected: neither is ever stored. The
+few fastest candidates, the default and the table's entry are then timed again in turns
+(``FINAL_ROUNDS``), so a drift of the GPU's clocks over the search favours none of them. The
 best candidate is stored when it is at least as fast as the default and as the tuned table's
 entry for the bucket (if any), both measured in the same run; it then replaces that entry.
 The search follows siboehm/SGEMM_CUDA's autotuner scripts (a grid over the compile-time tile
@@ -24,6 +26,7 @@ import argparse
 import datetime
 import itertools
 import random
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -54,6 +57,11 @@ INTERPRETER_SPACE = {"BLOCK_M": (16, 32), "BLOCK_N": (16, 32), "BLOCK_K": (16,),
 # few for operands and addresses, and spills.
 MAX_ACC_PER_THREAD = 128
 MAX_THREADS = 1024  # CUDA's limit per thread block
+# After the screening pass the fastest FINALISTS candidates, the default and the table's entry
+# are timed again FINAL_ROUNDS times, taking turns: a GPU's clocks drift with its temperature
+# over a search, so one time per candidate favours whatever ran while the GPU was cool.
+FINALISTS = 3
+FINAL_ROUNDS = 3
 
 
 def _no_dependent_macros(params: dict[str, int]) -> dict[str, int]:
@@ -251,8 +259,10 @@ def _search(row: dict, impl, space: list[dict], operands, device: torch.device,
             progress: Callable[[str, int], None], say: Callable[[str], None],
             incumbent: dict | None = None) -> None:
     """One group: check and time ``impl``'s default configuration and the ``incumbent``
-    configuration (the tuned table's for this bucket, if any), then the candidates of
-    ``space`` in a random order until ``deadline`` (``time.monotonic()``); fills ``row``."""
+    configuration (the tuned table's for this bucket, if any), then screen the candidates of
+    ``space`` in a random order until ``deadline`` (``time.monotonic()``); then time the
+    ``FINALISTS`` fastest, the default and the incumbent again in ``FINAL_ROUNDS`` turns and
+    keep each one's median. Fills ``row``."""
     import backends
     from backends import tuning
 
@@ -271,22 +281,26 @@ def _search(row: dict, impl, space: list[dict], operands, device: torch.device,
     if status != "ok":
         row["error"] = f"default configuration {status}: {why}"
         say(f"{label}: the default configuration {status}: {why}")
+    runs = {}  # what passed its check: "default", "table", or a candidate's index -> call
+    if status == "ok":
+        runs["default"] = lambda: impl.run(a, b, c, True, tf32, d)
     if incumbent is not None:
-        # Timed again here: times from another run (clocks, temperature) do not compare.
         try:
-            choice = tuning.Choice(impl.pin(incumbent), "the tuned table's entry")
+            table_choice = tuning.Choice(impl.pin(incumbent), "the tuned table's entry")
         except (KeyError, TypeError, ValueError) as exc:
             status, ms, why = "failed", None, f"cannot pin it: {exc}"
         else:
-            status, ms, why = _measure(lambda: impl.run(a, b, c, True, tf32, d, choice), d, ref,
-                                       tol, device, **timing)
+            runs["table"] = lambda: impl.run(a, b, c, True, tf32, d, table_choice)
+            status, ms, why = _measure(runs["table"], d, ref, tol, device, **timing)
         row.update(table_ms=ms, table_tflops=_tflops(m, n, k, ms))
         if status != "ok":
+            runs.pop("table", None)
             _add_note(row, f"the table's entry {status}: {why}")
     progress(f"{label}: 0/{len(space)} candidates", 1)
 
     order.shuffle(space)
-    for config in space:
+    screened = []  # (ms, index in space) of the candidates that passed
+    for i, config in enumerate(space):
         if deadline is not None and time.monotonic() >= deadline:
             row["note"] = f"budget spent after {row['tried']} of {len(space)} candidates"
             say(f"{label}: {row['note']}; keeping the best so far")
@@ -299,8 +313,26 @@ def _search(row: dict, impl, space: list[dict], operands, device: torch.device,
         if status != "ok":
             row[status] += 1  # "failed" or "rejected"
             row["error"] = row["error"] or f"{config}: {why}"
-        elif row["best_ms"] is None or ms < row["best_ms"]:
-            row.update(best_config=config, best_ms=ms, best_tflops=_tflops(m, n, k, ms))
+        else:
+            screened.append((ms, i))
+    for _, i in sorted(screened)[:FINALISTS]:
+        choice = tuning.Choice(impl.pin(space[i]), "tuning finalist")
+        runs[i] = lambda choice=choice: impl.run(a, b, c, True, tf32, d, choice)
+    # The final: everything that passed, timed in turns; each keeps the median of its rounds.
+    times = {key: [] for key in runs}
+    for _ in range(FINAL_ROUNDS if len(runs) > 1 else 0):
+        for key, run in runs.items():
+            times[key].append(time_ms(run, device, **timing))
+    median = {key: statistics.median(t) for key, t in times.items() if t}
+    if "default" in median:
+        row.update(default_ms=median["default"], default_tflops=_tflops(m, n, k,
+                                                                         median["default"]))
+    if "table" in median:
+        row.update(table_ms=median["table"], table_tflops=_tflops(m, n, k, median["table"]))
+    finalists = [(median.get(i, ms), i) for ms, i in sorted(screened)[:FINALISTS]]
+    if finalists:
+        ms, i = min(finalists)
+        row.update(best_config=space[i], best_ms=ms, best_tflops=_tflops(m, n, k, ms))
     progress(label, len(space) - row["tried"])
 
 

@@ -331,7 +331,7 @@ FAST = {"warmup_ms": 1, "rep_ms": 1, "min_reps": 1}
 def test_run_tune_stores_a_checked_winner_that_gemm_then_uses(table, launches, monkeypatch, rng):
     # Candidates are timed for real; the default reports 1 s, so the best one is stored
     # whatever the noise of CPU times.
-    monkeypatch.setattr(tune, "_measure", _default_reports(tune._measure, 1000.0))
+    monkeypatch.setattr(tune, "time_ms", _default_reports(1000.0))
     rows = tune.run_tune(["triton_fused"], [(40, 24, 32)], ["fp32"], DEVICE, budget_s=120,
                          out=table, **FAST)
     (row,) = rows
@@ -380,23 +380,18 @@ def test_run_tune_can_store_the_persistent_kernel_and_gemm_then_runs_it(table, l
 def test_the_tables_entry_is_timed_in_the_same_run(table, monkeypatch, table_ms, replaced):
     """The entry's recorded TFLOP/s (from another run) do not count; its time in this run
     does: a candidate replaces it only when faster here."""
-    old = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 4, "num_warps": 4,
-           "num_stages": 1}
+    old = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 8, "num_warps": 4,
+           "num_stages": 1}  # GROUP_M 8: no candidate of the interpreter's space
     tuning.save([entry(gpu="cpu", dtype="fp32", bucket=(64, 32, 32), tflops=1e9,
                        **old)], table)
     (old_entry,) = tuning.load(table).entries
-    pinned = []
 
     def fake_time_ms(fn, device, **timing):
         fn()
         config = triton_fused._last[0]
-        pinned.append(config)
         if config is triton_fused.INTERPRETER_CONFIG:
             return 2.0  # the default
-        if {k: config.kwargs[k] for k in ("BLOCK_M", "BLOCK_N")} == {"BLOCK_M": 16,
-                                                                      "BLOCK_N": 16}:
-            return table_ms if len(pinned) == 2 else 3.0  # the table's entry, then a candidate
-        return 1.0
+        return table_ms if config.kwargs["GROUP_M"] == 8 else 1.0
 
     monkeypatch.setattr(tune, "time_ms", fake_time_ms)
     (row,) = tune.run_tune(["triton_fused"], [(40, 24, 32)], ["fp32"], DEVICE, out=table)
@@ -408,6 +403,31 @@ def test_the_tables_entry_is_timed_in_the_same_run(table, monkeypatch, table_ms,
     else:
         assert now == old_entry
         assert row["note"] == "the table's entry was faster in this run: kept"
+
+
+@interpreter_only
+def test_finalists_are_chosen_by_their_median_over_the_final_rounds(table, monkeypatch):
+    """A candidate that was fast once (a cool GPU while it was screened) but slow in the
+    final rounds loses to one that is fast every time."""
+    calls = {}
+
+    def drifting_clock(fn, device, **timing):
+        fn()
+        config = triton_fused._last[0]
+        if config is triton_fused.INTERPRETER_CONFIG:
+            return 2.0
+        key = tuple(config.kwargs[k] for k in ("BLOCK_M", "BLOCK_N", "PERSISTENT"))
+        calls[key] = calls.get(key, 0) + 1
+        if key == (16, 16, 0):
+            return 0.5 if calls[key] == 1 else 3.0
+        return 1.0 if key == (32, 32, 1) else 1.5
+
+    monkeypatch.setattr(tune, "time_ms", drifting_clock)
+    (row,) = tune.run_tune(["triton_fused"], [(40, 24, 32)], ["fp32"], DEVICE, out=table)
+    assert calls[(16, 16, 0)] == 1 + tune.FINAL_ROUNDS  # it reached the final
+    best = row["best_config"]
+    assert (best["BLOCK_M"], best["BLOCK_N"], best["PERSISTENT"]) == (32, 32, 1)
+    assert row["best_ms"] == 1.0 and row["default_ms"] == 2.0 and row["stored"]
 
 
 @interpreter_only
@@ -460,7 +480,10 @@ def test_broken_and_wrong_candidates_are_never_timed_or_stored(table, monkeypatc
     (row,) = tune.run_tune(["triton_fused"], [(48, 40, 24)], ["fp32"], DEVICE, out=table)
     assert row["tried"] == 8 and row["failed"] == 2 and row["rejected"] == 2
     assert "out of resources" in row["error"] or "relative error" in row["error"]
-    assert sorted(timed, key=str) == sorted([None] + [(32, 16), (32, 32)] * 2, key=str)
+    # Screened once each (both kernels of each tile), then the default and the 3 fastest
+    # (both (32, 16), one (32, 32)) timed again in 3 rounds.
+    assert sorted(timed, key=str) == sorted([None] * 4 + [(32, 16)] * 8 + [(32, 32)] * 5,
+                                            key=str)
     stored = tuning.lookup("triton_fused", "cpu", "fp32", 48, 40, 24)
     assert (stored["config"]["BLOCK_M"], stored["config"]["BLOCK_N"]) == (32, 16)
     assert stored["ms"] == 1.0 and stored["default_tflops"] == row["default_tflops"]
@@ -468,23 +491,23 @@ def test_broken_and_wrong_candidates_are_never_timed_or_stored(table, monkeypatc
 
 @interpreter_only
 def test_nothing_is_stored_when_the_default_is_faster(table, monkeypatch):
-    monkeypatch.setattr(tune, "time_ms", lambda fn, device, **timing: 2.0)
-    monkeypatch.setattr(tune, "_measure", _default_reports(tune._measure, 1.0))
+    monkeypatch.setattr(tune, "time_ms", _default_reports(1.0, lambda fn, device, **_: 2.0))
     (row,) = tune.run_tune(["triton_fused"], [(16, 16, 16)], ["fp32"], DEVICE, out=table)
     assert row["best_ms"] == 2.0 and row["default_ms"] == 1.0 and not row["stored"]
     assert row["note"] == "the default configuration was faster: not stored"
     assert not table.exists()
 
 
-def _default_reports(measure, default_ms):
-    """``measure`` whose first call (the default configuration) reports ``default_ms``."""
-    calls = []
-
-    def wrapped(*args, **kwargs):
-        status, ms, why = measure(*args, **kwargs)
-        calls.append(ms)
-        return status, default_ms if len(calls) == 1 else ms, why
-    return wrapped
+def _default_reports(default_ms, time_ms=tune.time_ms):
+    """A clock for ``tune.time_ms`` that reports ``default_ms`` whenever the default
+    configuration (Triton's autotuner; the interpreter's fixed config) is what ran, in the
+    screening pass and in the final rounds alike, and ``time_ms`` for everything else."""
+    def clock(fn, device, **timing):
+        fn()
+        if triton_fused._last[0] is triton_fused.INTERPRETER_CONFIG:
+            return default_ms
+        return time_ms(fn, device, **timing)
+    return clock
 
 
 def gemmlab_tune(*argv):
