@@ -57,12 +57,6 @@
 #define GROUP_M 8  // tile rows per group of the block order (1: plain row-major order)
 #endif
 
-#if defined(GEMM_BF16)
-#define MMA_TYPE "bf16"
-#else
-#define MMA_TYPE "f16"
-#endif
-
 #define WARPS (THREADS / 32)
 #define WARPS_N (WARPS / WARPS_M)
 #define WARP_M (BLOCK_M / WARPS_M)

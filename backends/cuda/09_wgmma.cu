@@ -53,12 +53,6 @@
 #define THREADS 384  // the producer warpgroup and BLOCK_M / 64 consumer warpgroups
 #endif
 
-#if defined(GEMM_BF16)
-#define MMA_TYPE "bf16"
-#else
-#define MMA_TYPE "f16"
-#endif
-
 #define CONSUMERS (BLOCK_M / 64)
 #define N_SUB (BLOCK_N / 128)  // m64n128k16 instructions per k16 step
 #define A_STAGE_BYTES (BLOCK_M * BLOCK_K * 2)

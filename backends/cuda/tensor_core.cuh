@@ -7,6 +7,13 @@
 #error "the tensor-core kernels need 16-bit operands: compile with -DGEMM_FP16 or -DGEMM_BF16"
 #endif
 
+// The operand type as PTX's mma and wgmma instructions spell it.
+#if defined(GEMM_BF16)
+#define MMA_TYPE "bf16"
+#else
+#define MMA_TYPE "f16"
+#endif
+
 __device__ __forceinline__ unsigned smem_u32(const void* p) {
     return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }
