@@ -260,14 +260,23 @@ def _tma_problem(name: str, t: torch.Tensor) -> str | None:
     return None
 
 
-def _persistent_problem(a, b, c, out, tiles: dict) -> str | None:
-    """Why the persistent TMA kernel cannot run this call with tiles ``tiles``, or None."""
+def persistent_unavailable_reason(device: torch.device) -> str | None:
+    """Why the persistent TMA kernel cannot run on ``device`` at all (this Triton has no
+    TensorDescriptor, or the GPU predates TMA), or None when it can (always under the
+    interpreter)."""
     if TensorDescriptor is None:
         return f"Triton {triton.__version__} has no TensorDescriptor (3.4 or newer has)"
     if not INTERPRETED:
-        major, minor = _capability(a.device)
+        major, minor = _capability(device)
         if major < TMA_MIN_CAPABILITY:
             return f"compute capability {major}.{minor} has no TMA (9.0 or newer has)"
+    return None
+
+
+def _persistent_problem(a, b, c, out, tiles: dict) -> str | None:
+    """Why the persistent TMA kernel cannot run this call with tiles ``tiles``, or None."""
+    if (why := persistent_unavailable_reason(a.device)) is not None:
+        return why
     for name, t in (("a", a), ("b", b), ("c", c), ("out", out)):
         problem = None if t is None else _tma_problem(name, t)
         if problem:

@@ -196,11 +196,8 @@ def search_space(name: str, dtype_name: str, device: torch.device) -> list[dict[
     if name == "triton_fused":
         from backends import triton_fused
 
-        persistent = (device.type == "cuda" and triton_fused.TensorDescriptor is not None
-                      and torch.cuda.get_device_capability(device)[0]
-                      >= triton_fused.TMA_MIN_CAPABILITY)
         return triton_space(dtype_name, smem_limit(device), interpreted=device.type == "cpu",
-                            persistent=persistent)
+                            persistent=triton_fused.persistent_unavailable_reason(device) is None)
     return cuda_space(name)
 
 

@@ -137,8 +137,7 @@ class CudaKernel:
             from . import tma
 
             a, b = tma.operands(a, b)
-            maps = tma.gemm_maps(a, b, k, n, self.params["BLOCK_M"], self.params["BLOCK_K"],
-                                 tma.BOX_N)
+            maps = tma.gemm_maps(a, b, k, n, self.params["BLOCK_M"], self.params["BLOCK_K"])
             extra = (maps.data_ptr(),)
         args = (a.data_ptr(), b.data_ptr(), 0 if c is None else c.data_ptr(), out.data_ptr(),
                 m, n, k, ldc, int(relu), *extra)

@@ -79,19 +79,19 @@ def encode_2d(address: int, dtype: torch.dtype, rows: int, cols: int, row_bytes:
     return ctypes.string_at(aligned, MAP_BYTES)
 
 
-def gemm_maps(a: torch.Tensor, b: torch.Tensor, k: int, n: int, block_m: int, block_k: int,
-              box_n: int) -> torch.Tensor:
+def gemm_maps(a: torch.Tensor, b: torch.Tensor, k: int, n: int, block_m: int,
+              block_k: int) -> torch.Tensor:
     """A uint8 device tensor holding the tensor maps of A, (M, ``k``) in boxes of ``block_m``
-    x ``block_k``, and of B, (``k``, ``n``) in boxes of ``block_k`` x ``box_n``; ``a`` and
+    x ``block_k``, and of B, (``k``, ``n``) in boxes of ``block_k`` x ``BOX_N``; ``a`` and
     ``b`` as ``operands`` returns them (their columns may extend past ``k`` and ``n``)."""
     size = a.element_size()
     return _maps(a.data_ptr(), a.shape[0], a.stride(0) * size, b.data_ptr(), b.stride(0) * size,
-                 k, n, a.dtype, a.device.index, block_m, block_k, box_n)
+                 k, n, a.dtype, a.device.index, block_m, block_k)
 
 
 @functools.lru_cache(maxsize=256)
-def _maps(a_ptr, m, a_row_bytes, b_ptr, b_row_bytes, k, n, dtype, device, block_m, block_k,
-          box_n) -> torch.Tensor:
+def _maps(a_ptr, m, a_row_bytes, b_ptr, b_row_bytes, k, n, dtype, device, block_m,
+          block_k) -> torch.Tensor:
     maps = (encode_2d(a_ptr, dtype, m, k, a_row_bytes, block_m, block_k) +
-            encode_2d(b_ptr, dtype, k, n, b_row_bytes, block_k, box_n))
+            encode_2d(b_ptr, dtype, k, n, b_row_bytes, block_k, BOX_N))
     return torch.frombuffer(bytearray(maps), dtype=torch.uint8).to(f"cuda:{device}")
