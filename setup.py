@@ -14,7 +14,7 @@ setup(
     package_data={"backends": ["tuned.json"], "backends.cuda": ["*.cu", "*.cuh"]},
     install_requires=[
         "torch>=2.9",  # torch.backends.cuda.matmul.fp32_precision
-        "triton>=3.2",
+        "triton>=3.4",  # TensorDescriptor, triton.knobs
         "numpy",
         "nvtx",
         "rich",

@@ -6,9 +6,10 @@ from dataclasses import dataclass
 
 import torch
 
-from profiling.nvtx import annotate
+from profiling.nvtx import pop, push
 
 from . import tuning
+from .problem import Launch, Problem
 from .registry import BACKENDS, LADDER, Backend
 
 ACTIVATIONS = (None, "relu")
@@ -59,9 +60,10 @@ def gemm(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None, *,
         b: B, shape (K, N).
         c: None, a full C of shape (M, N), or a bias of shape (N,) added to every row.
         activation: None or ``"relu"``.
-        backend: a name from ``backends.BACKENDS`` (ladder order: cublas, torch_unfused,
-            cuda_naive, cuda_smem, cuda_regblock, cuda_vec, cuda_warptile, cuda_pipelined,
-            cuda_wmma, cuda_mma, triton_fused).
+        backend: a name from ``backends.BACKENDS``, in registry order: the baselines
+            cublas, cublaslt, torch_compile, torch_unfused; the CUDA C ladder cuda_naive,
+            cuda_smem, cuda_regblock, cuda_vec, cuda_warptile, cuda_pipelined, cuda_wmma,
+            cuda_mma, cuda_wgmma; and triton_fused.
         out: optional (M, N) tensor that receives D; it must not overlap A, B or C.
         allow_tf32: run fp32 operands on the TF32 tensor cores (10-bit mantissa products);
             off by default, so fp32 means IEEE fp32. Only for fp32 CUDA tensors and the
@@ -73,13 +75,18 @@ def gemm(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None, *,
             the GPU is ``"cpu"`` for CPU tensors. Without a matching entry, or with
             ``tuned=False``, the backend runs its default configuration (Triton's autotuner,
             the registry's tile sizes). The backend's ``config()`` then reports which entry
-            was used or why none applied. The decision is cached per table version, backend,
-            device, dtype and bucket: a few microseconds per call.
+            was used or why none applied.
 
     All tensors share one dtype (A's) and one device. Backends that do not declare
     ``strided`` (the CUDA C kernels) receive contiguous copies of non-contiguous inputs, and
     write through a contiguous buffer that is then copied into a non-contiguous ``out``.
     M, N or K = 0 give the exact answer (an empty D, or act(C) / zeros) without a launch.
+
+    Cost: the first call of a signature (the arguments, every tensor's shape, strides, dtype,
+    device, ``requires_grad`` and the 16-byte alignment of its address, grad mode, and the
+    tuned table's version) runs every check, resolves the tuned entry and binds the
+    backend's launch (compiling if needed); later calls of that signature look the binding
+    up and only check what depends on the data: that ``out`` does not overlap an input.
 
     Returns:
         D, shape (M, N), A's dtype and device (``out`` itself when given).
@@ -95,23 +102,104 @@ def gemm(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None, *,
             not support.
         BackendUnavailableError: the backend cannot run on this machine (the reason is given).
     """
+    try:  # the signature, written out: this is the hot path of every call
+        key = (backend, activation, allow_tf32, tuned, tuning.generation,
+               torch.is_grad_enabled(),
+               a.shape, a.stride(), a.dtype, a.device, a.requires_grad, a.data_ptr() % 16,
+               b.shape, b.stride(), b.dtype, b.device, b.requires_grad, b.data_ptr() % 16,
+               None if c is None else (c.shape, c.stride(), c.dtype, c.device,
+                                       c.requires_grad, c.data_ptr() % 16),
+               None if out is None else (out.shape, out.stride(), out.dtype, out.device,
+                                         out.requires_grad, out.data_ptr() % 16))
+        plan = _PLANS[key]
+    except (KeyError, AttributeError, TypeError):  # a new signature, or not tensors
+        plan = _bind(a, b, c, activation, backend, out, allow_tf32, tuned)
+        if len(_PLANS) >= MAX_PLANS:
+            _PLANS.clear()
+        _PLANS[key] = plan
+    if out is not None and _overlaps(plan, a, b, c, out):
+        raise ValueError(f"out overlaps {_overlaps(plan, a, b, c, out)} in memory; pass a "
+                         f"separate tensor")
+    push(plan.name)
+    try:
+        return plan.launch(a, b, c, out)
+    finally:
+        pop()
+
+
+# Bound calls kept; past this many signatures the cache starts again (a program with
+# unboundedly many shapes pays the first-call cost again, nothing more).
+MAX_PLANS = 1024
+_PLANS: dict[tuple, Plan] = {}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One bound call signature: its launch, its NVTX range's name (the backend's), and the
+    bytes each of A, B, C and out spans from its address (for the overlap check)."""
+
+    launch: Launch
+    name: str
+    spans: tuple[int, int, int, int]
+
+
+def _bind(a, b, c, activation, backend, out, allow_tf32, tuned) -> Plan:
+    """Every check of ``gemm()``'s docstring, then the launch for this call signature."""
     impl = get_backend(backend)
     m, n, k = _check(impl, a, b, c, activation, out, allow_tf32)
     relu = activation == "relu"
+    spans = (_span(a), _span(b), _span(c), _span(out))
     if m == 0 or n == 0 or k == 0:
-        return _degenerate(m, n, a, c, relu, out)
-    target = out
+        return Plan(lambda a, b, c, out: _degenerate(m, n, a, c, relu, out), impl.name, spans)
+    p = Problem.of(a, b, c, relu, allow_tf32)
+    if tuned and impl.pin is not None:
+        choice = tuning.resolve(impl, a.device, a.dtype, allow_tf32, m, n, k)
+        launch = impl.bind(p, choice.config, choice.note)
+    else:
+        launch = impl.bind(p, None)
     if not impl.strided:
-        a, b = a.contiguous(), b.contiguous()
-        c = None if c is None else c.contiguous()
-        if out is not None and not out.is_contiguous():
-            target = torch.empty((m, n), dtype=a.dtype, device=a.device)
-    # Only tunable backends take the seventh argument (the others are plain functions).
-    choice = ((tuning.resolve(impl, a.device, a.dtype, allow_tf32, m, n, k),)
-              if tuned and impl.pin is not None else ())
-    with annotate(impl.name):
-        d = impl.run(a, b, c, relu, allow_tf32, target, *choice)
-    return d if out is None or d is out else out.copy_(d)
+        launch = _contiguous(launch, p, a, b, c, out)
+    return Plan(launch, impl.name, spans)
+
+
+def _contiguous(launch: Launch, p: Problem, a, b, c, out) -> Launch:
+    """``launch`` for a backend that reads contiguous operands only: given contiguous copies
+    of the inputs that are not, writing through a contiguous buffer into an ``out`` that is
+    not (decided once, from the signature)."""
+    copies = [t is not None and not t.is_contiguous() for t in (a, b, c)]
+    through = out is not None and not out.is_contiguous()
+    if not any(copies) and not through:
+        return launch
+
+    def copied(a, b, c, out):
+        a, b, c = (t.contiguous() if copy else t for t, copy in zip((a, b, c), copies))
+        if through:
+            return out.copy_(launch(a, b, c, p.output(None)))
+        return launch(a, b, c, out)
+
+    return copied
+
+
+def _span(t: torch.Tensor | None) -> int:
+    """Bytes from ``t``'s address to the end of its last element (0 when empty)."""
+    if t is None or t.numel() == 0:
+        return 0
+    last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
+    return (last + 1) * t.element_size()
+
+
+def _overlaps(plan: Plan, a, b, c, out) -> str | None:
+    """The first input whose bytes overlap ``out``'s, by address span, whatever storages
+    hold them (two views of one buffer through two storages are caught too)."""
+    o0 = out.data_ptr()
+    o1 = o0 + plan.spans[3]
+    for label, t, span in (("a", a, plan.spans[0]), ("b", b, plan.spans[1]),
+                           ("c", c, plan.spans[2])):
+        if t is not None and span and o1 > o0:
+            t0 = t.data_ptr()
+            if t0 < o1 and o0 < t0 + span:
+                return label
+    return None
 
 
 def _check(impl: Backend, a, b, c, activation, out, allow_tf32) -> tuple[int, int, int]:
@@ -158,10 +246,6 @@ def _check(impl: Backend, a, b, c, activation, out, allow_tf32) -> tuple[int, in
         shapes = {label: tuple(t.shape) for label, t in tensors.items()}
         raise ValueError(f"backend {impl.name!r} indexes at most {impl.max_numel} elements "
                          f"per operand; got shapes {_listing(shapes)}")
-    if out is not None:
-        for label in ("a", "b", "c"):
-            if label in tensors and _overlap(out, tensors[label]):
-                raise ValueError(f"out overlaps {label} in memory; pass a separate tensor")
     if (not impl.differentiable and torch.is_grad_enabled()
             and any(t.requires_grad for t in (a, b, c) if t is not None)):
         raise ValueError(f"backend {impl.name!r} has no backward: call it under "
@@ -178,22 +262,6 @@ def _degenerate(m: int, n: int, a: torch.Tensor, c: torch.Tensor | None, relu: b
     if relu:
         d = torch.relu(d)
     return d if out is None else out.copy_(d)
-
-
-def _overlap(x: torch.Tensor, y: torch.Tensor) -> bool:
-    """Whether x and y share memory: tensors on one storage are compared by the spans they
-    cover (conservatively: spans, not elements); separate storages never overlap."""
-    if x.numel() == 0 or y.numel() == 0:
-        return False
-    if x.untyped_storage().data_ptr() != y.untyped_storage().data_ptr():
-        return False
-
-    def span(t):
-        last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
-        return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
-
-    (x0, x1), (y0, y1) = span(x), span(y)
-    return x0 < y1 and y0 < x1
 
 
 def _listing(values: dict) -> str:

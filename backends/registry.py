@@ -1,4 +1,5 @@
-"""The ladder: one ordered table of backends, cuBLAS first as the baseline.
+"""The ladder: one ordered table of backends, the baselines first (cuBLAS, cuBLASLt's fused
+epilogue, torch.compile, the unfused expression), then the rungs.
 
 Adding a step = one kernel file (a ``.cu`` in ``backends/cuda/`` or a Triton module) with a
 header comment saying what technique it adds, one entry in ``LADDER`` below and one line in
@@ -13,8 +14,9 @@ from typing import Any
 
 import torch
 
-from . import torch_backends
+from . import cublaslt, torch_backends, torch_compile
 from .cuda import CudaKernel, cuda_unavailable_reason, sm90a_unavailable_reason
+from .problem import Launch, Problem
 
 try:
     from . import triton_fused
@@ -22,21 +24,20 @@ except ImportError as exc:  # Triton ships wheels for Linux only
     triton_fused = None
     _TRITON_MISSING = f"Triton is not importable ({exc})"
 
-# (a, b, c, relu, allow_tf32, out) -> D; out may be None (the backend then allocates D).
-RunFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None, bool, bool,
-                  torch.Tensor | None], torch.Tensor]
-
 
 @dataclass(frozen=True)
 class Backend:
-    """One rung of the ladder and what it supports.
+    """One rung of the ladder, or a baseline, and what it supports.
 
     Attributes:
         name: registry key, e.g. ``"cuda_regblock"``.
         summary: the technique it adds, one line.
-        run: the implementation; ``gemm()`` calls it only with checked inputs. A backend with
-            ``pin`` takes a seventh argument, a ``tuning.Choice``: its ``config`` (from ``pin``)
-            replaces the default configuration unless it is None.
+        bind: ``bind(problem, config)`` returns the backend's ``Launch`` for one ``Problem``
+            (``problem.Launch``); ``gemm()`` binds once per call signature (shapes, strides,
+            dtypes, devices, the alignment of each pointer) and after that only launches.
+            ``config`` is None (the default configuration) or, for a backend with ``pin``,
+            the configuration ``pin`` built from a tuned entry; such a backend also takes
+            ``note``, the tuning note its ``config()`` reports.
         dtypes: operand dtypes it computes in (A, B, C and D share one).
         devices: torch device types whose tensors it takes (``"cuda"``, ``"cpu"``).
         fused_epilogue: +C and ReLU happen inside the GEMM kernel, before its one store of D.
@@ -45,16 +46,16 @@ class Backend:
         differentiable: autograd can differentiate through it.
         max_numel: largest element count of any operand it can index, or None.
         unavailable: returns why it cannot run on this machine, or None when it can.
-        config: returns its tile configuration (compile-time sizes, or the autotuner's pick);
-            for a backend with ``pin``, the one of its latest call and that call's
-            ``Choice.note`` (the tuned entry used, or why none applied).
+        config: returns the configuration of its latest launch (compile-time sizes, the
+            autotuner's pick, the library's plan) and, for a backend with ``pin``, which tuned
+            entry was used or why none applied.
         pin: builds the backend's own configuration (``triton.Config``, ``CudaKernel``) from a
             tuned table entry's ``config`` dict; None for a backend with nothing to tune.
     """
 
     name: str
     summary: str
-    run: RunFn
+    bind: Callable[..., Launch]
     dtypes: tuple[torch.dtype, ...]
     devices: tuple[str, ...]
     fused_epilogue: bool
@@ -65,13 +66,6 @@ class Backend:
     unavailable: Callable[[], str | None]
     config: Callable[[], str]
     pin: Callable[[dict], Any] | None = None
-
-
-def _output(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
-    """``out``, or a new uninitialised (M, N) tensor for a kernel to write D into."""
-    if out is None:
-        out = torch.empty((a.shape[0], b.shape[1]), dtype=a.dtype, device=a.device)
-    return out
 
 
 # The CUDA C rungs: source file, kernel and compile-time tile sizes.
@@ -106,22 +100,26 @@ CUDA_KERNELS: dict[str, CudaKernel] = {
 
 def _cuda_backend(name: str, summary: str) -> Backend:
     kernel = CUDA_KERNELS[name]
-    last = [None]  # the tuning.Choice of the latest call, for config()
+    last = [None, None]  # the CudaKernel and tuning note of the latest call, for config()
 
-    def chosen(choice) -> CudaKernel:
-        return kernel if choice is None or choice.config is None else choice.config
+    def bind(p: Problem, config: CudaKernel | None, note: str | None = None):
+        ran = kernel if config is None else config
+        launch = ran.bind(p)
 
-    def run(a, b, c, relu, allow_tf32, out, choice=None):
-        last[0] = choice
-        return chosen(choice)(a, b, c, relu, _output(a, b, out))
+        def noted(a, b, c, out):
+            last[:] = ran, note
+            return launch(a, b, c, out)
+
+        return noted
 
     def describe() -> str:
-        choice = last[0]
-        ran = chosen(choice)
+        ran, note = last
+        if ran is None:
+            return "not launched yet"
         text = f"{ran.source} " + " ".join(ran.defines())
-        return text if choice is None else f"{text} ({choice.note})"
+        return text if note is None else f"{text} ({note})"
 
-    return Backend(name, summary, run, dtypes=kernel.dtypes, devices=("cuda",),
+    return Backend(name, summary, bind, dtypes=kernel.dtypes, devices=("cuda",),
                    fused_epilogue=True, tf32=False, strided=False, differentiable=False,
                    max_numel=None,
                    unavailable=sm90a_unavailable_reason if kernel.tma else cuda_unavailable_reason,
@@ -130,17 +128,20 @@ def _cuda_backend(name: str, summary: str) -> Backend:
 
 
 def _triton_backend() -> Backend:
-    last = [None]  # the tuning.Choice of the latest call, for config()
+    last = [None]  # the tuning note of the latest call, for config()
 
-    def run(a, b, c, relu, allow_tf32, out, choice=None):
-        last[0] = choice
-        return triton_fused.run(a, b, c, relu, allow_tf32, _output(a, b, out),
-                                config=None if choice is None else choice.config)
+    def bind(p: Problem, config, note: str | None = None):
+        launch = triton_fused.bind(p, config)
+
+        def noted(a, b, c, out):
+            last[0] = note
+            return launch(a, b, c, out)
+
+        return noted
 
     def describe() -> str:
-        choice = last[0]
         text = triton_fused.last_config()  # the config that ran and which kernel ran it
-        return text if choice is None else f"{text} ({choice.note})"
+        return text if last[0] is None else f"{text} ({last[0]})"
 
     def pin(config: dict):
         import triton
@@ -157,7 +158,7 @@ def _triton_backend() -> Backend:
     return Backend(
         "triton_fused",
         "Triton: 2D tiles, fp32 register accumulator, grouped order, +C/ReLU fused; autotuned",
-        run, dtypes=triton_fused.DTYPES if present else (),
+        bind, dtypes=triton_fused.DTYPES if present else (),
         devices=triton_fused.devices() if present else ("cuda",),
         fused_epilogue=True, tf32=True, strided=True, differentiable=False,
         max_numel=triton_fused.MAX_NUMEL if present else None,
@@ -171,11 +172,20 @@ def _runs_everywhere() -> None:
 
 LADDER: tuple[Backend, ...] = (
     Backend("cublas", "cuBLAS via torch.mm/addmm (+C as beta=1), then an in-place ReLU",
-            torch_backends.run_cublas, torch_backends.DTYPES, ("cuda", "cpu"),
+            torch_backends.bind_cublas, torch_backends.DTYPES, ("cuda", "cpu"),
             fused_epilogue=False, tf32=True, strided=True, differentiable=True,
             max_numel=None, unavailable=_runs_everywhere, config=lambda: "cuBLAS heuristics"),
+    Backend("cublaslt", "cuBLASLt with its fused epilogue (C as beta=1, or bias; ReLU) via "
+            "nvmath-python", cublaslt.bind, cublaslt.DTYPES, ("cuda",),
+            fused_epilogue=True, tf32=True, strided=True, differentiable=False,
+            max_numel=None, unavailable=cublaslt.unavailable_reason, config=cublaslt.describe),
+    Backend("torch_compile", "torch.compile(mode='max-autotune-no-cudagraphs') of "
+            "relu(a @ b + c): Inductor's fused Triton templates or cuBLAS",
+            torch_compile.bind, torch_compile.DTYPES, ("cuda", "cpu"),
+            fused_epilogue=True, tf32=True, strided=True, differentiable=False,
+            max_numel=None, unavailable=_runs_everywhere, config=torch_compile.describe),
     Backend("torch_unfused", "torch.relu(a @ b + c) as a user writes it: three kernels",
-            torch_backends.run_unfused, torch_backends.DTYPES, ("cuda", "cpu"),
+            torch_backends.bind_unfused, torch_backends.DTYPES, ("cuda", "cpu"),
             fused_epilogue=False, tf32=True, strided=True, differentiable=True,
             max_numel=None, unavailable=_runs_everywhere, config=lambda: "cuBLAS + 2 elementwise"),
     _cuda_backend("cuda_naive", "one thread per output, operands straight from global memory"),

@@ -35,11 +35,10 @@ import os
 import torch
 import triton
 import triton.language as tl
+from triton import knobs
+from triton.tools.tensor_descriptor import TensorDescriptor
 
-try:
-    from triton.tools.tensor_descriptor import TensorDescriptor
-except ImportError:  # Triton before 3.4: only the pointer kernel
-    TensorDescriptor = None
+from .problem import Launch, Problem
 
 # Read once, as triton.jit does when it decorates the kernel below.
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
@@ -101,9 +100,6 @@ def _epilogue(acc, c, HAS_C: tl.constexpr, RELU: tl.constexpr):
     return acc
 
 
-# EVEN_K: K is a multiple of BLOCK_K, so the loads of A and B need no mask (as in the matmul
-# templates of PyTorch's inductor); computed from the launch's arguments and meta-parameters.
-@triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
 @triton.jit
 def fused_gemm_kernel(a_ptr, b_ptr, c_ptr, d_ptr, M, N, K,
                       stride_am, stride_ak, stride_bk, stride_bn,
@@ -111,7 +107,11 @@ def fused_gemm_kernel(a_ptr, b_ptr, c_ptr, d_ptr, M, N, K,
                       HAS_C: tl.constexpr, RELU: tl.constexpr, INPUT_PRECISION: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                       GROUP_M: tl.constexpr, EVEN_K: tl.constexpr):
-    """One BLOCK_M x BLOCK_N tile of D = act(A @ B + C); C's strides may be 0 (bias)."""
+    """One BLOCK_M x BLOCK_N tile of D = act(A @ B + C); C's strides may be 0 (bias).
+
+    EVEN_K: K is a multiple of BLOCK_K, so the loads of A and B need no mask (as in the
+    matmul templates of PyTorch's Inductor); the launch computes it (``_even_k``).
+    """
     pid_m, pid_n = _tile_coords(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N),
                                 GROUP_M)
 
@@ -202,9 +202,20 @@ def _prune(configs, named_args, **kwargs):
     return [c for c in configs if c in wanted]
 
 
-tuned_kernel = triton.autotune(configs=CONFIGS_16BIT + CONFIGS_FP32,
-                               key=["M", "N", "K", "INPUT_PRECISION"],
-                               prune_configs_by={"early_config_prune": _prune})(fused_gemm_kernel)
+def _even_k(args: dict) -> bool:
+    return args["K"] % args["BLOCK_K"] == 0
+
+
+def autotuned(configs: list[triton.Config], prune: bool = True) -> triton.runtime.Autotuner:
+    """``fused_gemm_kernel`` under ``triton.autotune`` over ``configs`` (with ``prune``,
+    pruned to the operand type's list by ``_prune``), keyed by M, N, K and the input
+    precision; EVEN_K is computed per config."""
+    return triton.autotune(configs=configs, key=["M", "N", "K", "INPUT_PRECISION"],
+                           prune_configs_by={"early_config_prune": _prune} if prune else None)(
+        triton.heuristics({"EVEN_K": _even_k})(fused_gemm_kernel))
+
+
+tuned_kernel = autotuned(CONFIGS_16BIT + CONFIGS_FP32)
 
 
 @functools.cache
@@ -261,11 +272,8 @@ def _tma_problem(name: str, t: torch.Tensor) -> str | None:
 
 
 def persistent_unavailable_reason(device: torch.device) -> str | None:
-    """Why the persistent TMA kernel cannot run on ``device`` at all (this Triton has no
-    TensorDescriptor, or the GPU predates TMA), or None when it can (always under the
-    interpreter)."""
-    if TensorDescriptor is None:
-        return f"Triton {triton.__version__} has no TensorDescriptor (3.4 or newer has)"
+    """Why the persistent TMA kernel cannot run on ``device`` at all (the GPU predates TMA),
+    or None when it can (always under the interpreter)."""
     if not INTERPRETED:
         major, minor = _capability(device)
         if major < TMA_MIN_CAPABILITY:
@@ -288,75 +296,136 @@ def _persistent_problem(a, b, c, out, tiles: dict) -> str | None:
     return None
 
 
-def _launch_persistent(a, b, c, out, flags: dict, tiles: dict, config: triton.Config) -> None:
-    m, k = a.shape
-    n = b.shape[1]
+class _Descriptor(TensorDescriptor):
+    """A host TMA descriptor built without ``TensorDescriptor``'s checks: a bound launch
+    checks its signature once (the first launch goes through Triton's own path), after which
+    only the base pointer changes. The launcher reads base, shape, strides and padding."""
+
+    def __post_init__(self):
+        pass
+
+
+def _persistent_args(p: Problem, tiles: dict, flags: dict, num_sms: int, a, b, c, out,
+                     descriptor=None) -> tuple:
+    """The persistent kernel's arguments, in its parameter order (``descriptor``: the
+    descriptor class, checked ``TensorDescriptor`` by default)."""
+    make = TensorDescriptor if descriptor is None else descriptor
     bm, bn, bk = tiles["BLOCK_M"], tiles["BLOCK_N"], tiles["BLOCK_K"]
     # Host-side descriptors travel as kernel parameters: no triton.set_allocator needed (only
     # descriptors made on the device, tl.make_tensor_descriptor, need global scratch).
-    d_desc = TensorDescriptor.from_tensor(out, [bm, bn // 2])
-    c_desc = d_desc if c is None else TensorDescriptor.from_tensor(c, [bm, bn // 2])
-    num_sms = _num_sms(a.device)
-    grid = (min(num_sms, triton.cdiv(m, bm) * triton.cdiv(n, bn)),)
-    fused_gemm_persistent_kernel[grid](
-        TensorDescriptor.from_tensor(a, [bm, bk]), TensorDescriptor.from_tensor(b, [bk, bn]),
-        c_desc, d_desc, m, n, k, **flags, **tiles, NUM_SMS=num_sms,
-        num_warps=config.num_warps, num_stages=config.num_stages)
+    d_desc = make(out, [p.m, p.n], [out.stride(0), 1], [bm, bn // 2])
+    c_desc = d_desc if c is None else make(c, [p.m, p.n], [c.stride(0), 1], [bm, bn // 2])
+    return (make(a, [p.m, p.k], [a.stride(0), 1], [bm, bk]),
+            make(b, [p.k, p.n], [b.stride(0), 1], [bk, bn]), c_desc, d_desc, p.m, p.n, p.k,
+            flags["HAS_C"], flags["RELU"], flags["INPUT_PRECISION"], bm, bn, bk,
+            tiles["GROUP_M"], num_sms)
 
 
-def _launch_pointer(a, b, c, out, flags: dict, tiles: dict,
-                    config: triton.Config | None) -> None:
-    m, k = a.shape
-    n = b.shape[1]
+def _pointer_args(p: Problem, tiles: dict, flags: dict, a, b, c, out) -> tuple:
+    """The pointer kernel's arguments, in its parameter order, up to the tiles."""
     if c is None:
         c_arg, stride_cm, stride_cn = out, 0, 0  # never read: HAS_C is False
     elif c.dim() == 1:
         c_arg, stride_cm, stride_cn = c, 0, c.stride(0)
     else:
         c_arg, stride_cm, stride_cn = c, c.stride(0), c.stride(1)
-    args = (a, b, c_arg, out, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-            stride_cm, stride_cn, out.stride(0), out.stride(1))
-
-    def grid(meta):
-        return (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
-
-    if config is None:
-        tuned_kernel[grid](*args, **flags)
-    else:
-        fused_gemm_kernel[grid](*args, **flags, **tiles, num_warps=config.num_warps,
-                                num_stages=config.num_stages)
+    return (a, b, c_arg, out, p.m, p.n, p.k, a.stride(0), a.stride(1), b.stride(0),
+            b.stride(1), stride_cm, stride_cn, out.stride(0), out.stride(1),
+            flags["HAS_C"], flags["RELU"], flags["INPUT_PRECISION"])
 
 
-def run(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, relu: bool,
-        allow_tf32: bool, out: torch.Tensor, config: triton.Config | None = None) -> torch.Tensor:
-    """Launch the fused kernel into ``out``; any strides, any M, N, K >= 1.
+def bind(p: Problem, config: triton.Config | None = None) -> Launch:
+    """The launch of the fused kernel for Problem ``p``: any strides, any M, N, K >= 1.
 
-    ``config`` pins BLOCK_M/N/K, GROUP_M, num_warps and num_stages instead of autotuning
-    (the tuned table's entry; tests use it to cover several tile shapes under the
-    interpreter). With a truthy ``PERSISTENT`` among its kwargs the persistent TMA kernel runs
-    if the call qualifies: a GPU of compute capability 9.0 or newer (or the interpreter); A,
-    B, ``out`` and C (None or 2-D) TMA-addressable (last stride 1, row stride a multiple of 16
-    bytes, 16-byte aligned). Otherwise the pointer kernel runs with the same tiles;
-    ``last_config()`` says which ran, and why it fell back.
+    ``config`` pins BLOCK_M/N/K, GROUP_M, num_warps and num_stages instead of autotuning (the
+    tuned table's entry; tests use it to cover several tile shapes under the interpreter).
+    With a truthy ``PERSISTENT`` among its kwargs the persistent TMA kernel runs if the call
+    qualifies: a GPU of compute capability 9.0 or newer (or the interpreter); A, B, ``out``
+    and C (None or 2-D) TMA-addressable (last stride 1, row stride a multiple of 16 bytes,
+    16-byte aligned). Otherwise the pointer kernel runs with the same tiles; ``last_config()``
+    says which ran, and why it fell back.
+
+    The launch is for the signature of its first call (strides and the 16-byte alignment of
+    each pointer, which Triton specializes on; ``gemm()`` binds once per signature). The first
+    call goes through Triton's JIT (and autotuner); on a GPU it keeps the compiled kernel
+    and every later call launches it directly (``CompiledKernel.run``), skipping the
+    autotuner's and the JIT's argument binding, which cost most of a launch's host time.
     """
-    flags = {"HAS_C": c is not None, "RELU": relu,
-             "INPUT_PRECISION": "tf32" if allow_tf32 else "ieee"}
+    flags = {"HAS_C": p.c is not None, "RELU": p.relu,
+             "INPUT_PRECISION": "tf32" if p.allow_tf32 else "ieee"}
     if config is None and INTERPRETED:
         config = INTERPRETER_CONFIG
     tiles = {} if config is None else dict(config.kwargs)
     persistent = bool(tiles.pop("PERSISTENT", 0))
-    problem = _persistent_problem(a, b, c, out, tiles) if persistent else None
+    device = p.device.index if p.device.index is not None else (
+        torch.cuda.current_device() if p.device.type == "cuda" else None)
+    compiled: list = []  # [kernel, grid, make_args] once the first launch has compiled
+    described: list = [config, ""]
 
-    with torch.cuda.device(a.device) if a.is_cuda else contextlib.nullcontext():
+    def first(a, b, c, out):
+        """Launch through Triton's JIT, then keep what later launches need."""
+        problem = _persistent_problem(a, b, c, out, tiles) if persistent else None
         if persistent and problem is None:
-            _launch_persistent(a, b, c, out, flags, tiles, config)
-            kernel = "persistent TMA kernel"
+            num_sms = _num_sms(a.device)
+            grid = (min(num_sms, triton.cdiv(p.m, tiles["BLOCK_M"]) *
+                        triton.cdiv(p.n, tiles["BLOCK_N"])), 1, 1)
+            args = _persistent_args(p, tiles, flags, num_sms, a, b, c, out)
+            kernel = fused_gemm_persistent_kernel.run(
+                *args, grid=grid, warmup=False, num_warps=config.num_warps,
+                num_stages=config.num_stages)
+            described[1] = "persistent TMA kernel"
+
+            def make_args(a, b, c, out):
+                return _persistent_args(p, tiles, flags, num_sms, a, b, c, out, _Descriptor)
         else:
-            _launch_pointer(a, b, c, out, flags, tiles, config)
-            kernel = "pointer kernel" if problem is None else (
+            args = _pointer_args(p, tiles, flags, a, b, c, out)
+            chosen = config
+            if chosen is None:
+                tuned_kernel[lambda meta: (triton.cdiv(p.m, meta["BLOCK_M"]) *
+                                           triton.cdiv(p.n, meta["BLOCK_N"]),)](*args)
+                chosen = tuned_kernel.best_config
+                described[0] = chosen
+            bm, bn, bk = (chosen.kwargs[key] for key in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))
+            tail = (bm, bn, bk, chosen.kwargs["GROUP_M"], p.k % bk == 0)  # ..., EVEN_K
+            grid = (triton.cdiv(p.m, bm) * triton.cdiv(p.n, bn), 1, 1)
+            # After the autotuner's launch this only fetches its compiled kernel.
+            kernel = fused_gemm_kernel.run(*args, *tail, grid=grid, warmup=config is None,
+                                           num_warps=chosen.num_warps,
+                                           num_stages=chosen.num_stages)
+            described[1] = "pointer kernel" if problem is None else (
                 f"pointer kernel (PERSISTENT fell back: {problem})")
-    _last[:] = config, kernel
-    return out
+
+            def make_args(a, b, c, out):
+                return (*_pointer_args(p, tiles, flags, a, b, c, out), *tail)
+        if not INTERPRETED:
+            compiled[:] = kernel, grid, make_args
+
+    def launch(a, b, c, out):
+        out = p.output(out)
+        if not compiled or torch.cuda.current_device() != device:
+            with torch.cuda.device(device) if a.is_cuda else contextlib.nullcontext():
+                first(a, b, c, out)
+        else:
+            kernel, grid, make_args = compiled
+            enter = knobs.runtime.launch_enter_hook
+            args = make_args(a, b, c, out)
+            stream = torch._C._cuda_getCurrentRawStream(device)
+            kernel.run(grid[0], grid[1], grid[2], stream, kernel.function,
+                       kernel.packed_metadata,
+                       None if enter is None else kernel.launch_metadata(grid, stream, *args),
+                       enter, knobs.runtime.launch_exit_hook, *args)
+        _last[:] = described
+        return out
+
+    launch.compiled = compiled  # for gemmlab bench --overhead: Triton's own launch of it
+    return launch
+
+
+def run(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, relu: bool,
+        allow_tf32: bool, out: torch.Tensor, config: triton.Config | None = None) -> torch.Tensor:
+    """Bind (``bind``) and launch once: D = act(A @ B + C) into ``out``. For repeated calls
+    of one signature, keep the launch ``bind`` returns (as ``gemm()`` does)."""
+    return bind(Problem.of(a, b, c, relu, allow_tf32), config)(a, b, c, out)
 
 
 def last_config() -> str:
@@ -366,6 +435,4 @@ def last_config() -> str:
     config, kernel = _last
     if not kernel:
         return "not launched yet"
-    if config is None:
-        config = getattr(tuned_kernel, "best_config", None)
     return f"{config}; {kernel}"

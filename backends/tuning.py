@@ -2,7 +2,8 @@
 shape bucket), which ``gemm()`` then pins for triton_fused and the cuda_* backends.
 
 The table is a JSON file, ``backends/tuned.json`` unless the environment variable
-``GEMMLAB_TUNED_FILE`` names another::
+``GEMMLAB_TUNED_FILE`` names another. ``gemm()`` reads it when it binds a new call signature
+(never per call); ``reload()`` makes it read again::
 
     {"entries": [
       {"gpu": "NVIDIA H200", "backend": "triton_fused", "dtype": "fp16",
@@ -35,6 +36,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import stat
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -136,15 +138,31 @@ class Table:
 
 
 _loaded: dict[str, tuple[tuple[int, int, int] | None, Table]] = {}
+# Bumped whenever the table gemm() reads may have changed (``reload``, ``save``, or ``load``
+# finding a changed file): gemm() keys its bound calls by it, so they resolve again.
+generation = 0
+
+
+def reload() -> None:
+    """Forget every table read so far: the next ``gemm()`` of any signature resolves its
+    tuned entry again from ``table_path()``. ``gemm()`` reads the table (and
+    ``GEMMLAB_TUNED_FILE``) when it binds a new call signature, never per call; call this
+    after changing either in a running process (``save`` does it itself)."""
+    global generation
+    _loaded.clear()
+    generation += 1
 
 
 def load(path: str | Path | None = None) -> Table:
     """The table in ``path`` (default ``table_path()``), read again only when the file changed
-    (its mtime, size or inode); a missing file is an empty table.
+    (its mtime, size or inode; a change also counts as a ``reload``); a missing file is an
+    empty table.
 
     Raises:
-        ValueError: the file is not a valid table; the message names the file and the entry.
+        ValueError: the file is not a valid table, or a directory; the message names the
+            file and the entry.
     """
+    global generation
     text = _path_text(path)
     try:
         st = os.stat(text)
@@ -154,9 +172,13 @@ def load(path: str | Path | None = None) -> Table:
     cached = _loaded.get(text)
     if cached is not None and cached[0] == stamp:
         return cached[1]
+    if cached is not None:
+        generation += 1
     path = Path(text)
     if stamp is None:
         table = Table(path, False, [])
+    elif stat.S_ISDIR(st.st_mode):
+        raise ValueError(f"malformed tuned table {path}: a directory, not a file")
     else:
         try:
             data = json.loads(path.read_text())
@@ -276,6 +298,7 @@ def save(entries: list[dict], path: str | Path | None = None) -> list[dict]:
     except BaseException:
         os.unlink(temporary)
         raise
+    reload()
     return merged
 
 
@@ -298,8 +321,8 @@ def resolve(backend, device: torch.device, dtype: torch.dtype, allow_tf32: bool,
     """The Choice for a call of ``backend`` (a ``Backend`` with ``pin``) on (M, K) @ (K, N)
     operands of ``dtype`` on ``device``, from the table at ``table_path()``.
 
-    Decided once per (table file version, backend, device, dtype, bucket); a later call costs
-    a ``stat`` of the file and a dict look-up, a few microseconds.
+    Decided once per (table file version, backend, device, dtype, bucket). ``gemm()`` calls
+    it only when it binds a new call signature.
 
     Raises:
         ValueError: the table is malformed, or its entry holds a config the backend cannot use.

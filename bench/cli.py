@@ -81,7 +81,10 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
     if args.rounds < 1:
         console.print(f"error: --rounds must be >= 1, got {args.rounds}")
         return 2
-    timing = gb.Timing(args.warmup_ms, args.rep_ms, args.min_reps, args.rounds)
+    if args.overhead:
+        return _overhead(args, names, dtype_names, shapes if args.shapes else None, device,
+                         console)
+    timing = gb.Timing(args.warmup_ms, args.rep_ms, args.min_reps, args.rounds, args.timing)
     with Progress(console=console, transient=True) as progress:
         total = gb.count_rows(names, shapes, dtype_names, device, epilogues, launchers)
         task = progress.add_task("bench", total=total)
@@ -106,22 +109,32 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
             console.print(f"ceilings, this run: copy {extra['ceilings']['bandwidth_gbps']:.0f} "
                           f"GB/s; cuBLAS at {CEILING_SHAPE}^3: {peaks}")
 
-    title = "gemmlab bench" + ("" if gpu else "  [CPU functional check]")
-    table = Table(title=title)
-    for col in ("backend", "dtype", "D =", "M", "N", "K", "ms", "TFLOP/s", "% cuBLAS",
-                "x unfused", "rel err", "check"):
+    title = "gemmlab bench" + ("" if gpu else "  [CPU functional check: wall times]")
+    table = Table(title=title, caption="kernel ms: CUDA-graph replay, L2 flushed (eager where "
+                  "marked e); call ms: one eager call to an idle GPU; * launch-bound (call > "
+                  f"{1 + gb.LAUNCH_BOUND:.1f} x kernel); % of the best of cublas and cublaslt"
+                  if gpu else None)
+    for col in ("backend", "dtype", "D =", "M", "N", "K", "kernel ms", "call ms", "TFLOP/s",
+                "% best cuBLAS", "x compile", "rel err", "check"):
         numeric = col not in ("backend", "dtype", "D =", "check")
         table.add_column(col, justify="right" if numeric else "left")
     for r in rows:
         label = r["backend"] + (f" ({r['launcher']})" if len(launchers) > 1 and r["launcher"]
                                 else "")
+        kernel = gb.fmt(r["kernel_ms"], ".4f") + (" e" if r["timing"].startswith("eager")
+                                                  else "")
+        call = gb.fmt(r["call_ms"], ".4f") + ("*" if r["launch_bound"] else "")
         table.add_row(label, r["dtype"], gb.FORMULAS[r["epilogue"]],
-                      str(r["M"]), str(r["N"]), str(r["K"]),
-                      gb.fmt(r["ms"], ".4f"), gb.fmt(r["tflops"], ".2f"),
-                      gb.fmt(r["pct_cublas"], ".1f"), gb.fmt(r["speedup_vs_torch_unfused"], ".2f"),
-                      gb.fmt(r["rel_err"], ".1e"), "PASS" if r["ok"] else "FAIL")
+                      str(r["M"]), str(r["N"]), str(r["K"]), kernel, call,
+                      gb.fmt(r["tflops"], ".2f"), gb.fmt(r["pct_best_cublas"], ".1f"),
+                      gb.fmt(r["x_torch_compile"], ".2f"), gb.fmt(r["rel_err"], ".1e"),
+                      "PASS" if r["ok"] else "FAIL")
     console.print(table)
     failed = [r for r in rows if not r["ok"]]
+    for r in rows:
+        if r["timing"].startswith("eager: "):
+            console.print(f"timed eagerly, {r['backend']} {r['dtype']} {r['M']}x{r['N']}x"
+                          f"{r['K']}: the CUDA graph capture failed ({r['timing'][7:]})")
     for r in failed:
         why = r["error"] or f"relative error {r['rel_err']:.2e} > tolerance {r['tol']:.0e}"
         console.print(f"FAIL {r['backend']} {r['dtype']} {gb.FORMULAS[r['epilogue']]} "
@@ -136,6 +149,51 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
             plot_roofline(rows, extra["ceilings"], gb.DTYPES, gb.EPILOGUES, path)
             console.print(f"wrote {path}")
     console.print(f"{len(rows) - len(failed)} of {len(rows)} rows passed the float64 check")
+    return 1 if failed else 0
+
+
+def _overhead(args, names: list[str], dtype_names: list[str], shapes, device: torch.device,
+              console: Console) -> int:
+    """``gemmlab bench --overhead``: host µs per call of gemm() against the call it wraps."""
+    import backends
+
+    from . import gemm_bench as gb
+    from . import overhead_bench as ob
+    from .results import collect_meta, write_results
+
+    shapes = shapes or [ob.SHAPE]
+    rows = []
+    for shape in shapes:
+        for name in names:
+            impl = backends.BACKENDS[name]
+            for dtype_name in dtype_names:
+                if gb.supports(impl, dtype_name, device):
+                    rows.append(ob.measure(name, dtype_name, device, shape, seed=args.seed))
+                    break  # one dtype per backend: the first of --dtypes it supports
+    table = Table(title="gemm() host overhead, µs per call (median of timeit loops)",
+                  caption=f"targets: gemm() adds <= {ob.TARGET_ADDED_US:g} µs; triton_fused "
+                  f"<= {ob.TARGET_TRITON_US:g}, CUDA C <= {ob.TARGET_CUDA_US:g} µs per call; "
+                  f"tuned look-up <= {ob.TARGET_TUNED_US:g} µs")
+    for col in ("backend", "dtype", "M", "N", "K", "wrapped call", "gemm()", "added",
+                "untuned gemm()", "tuned look-up", "check", "targets"):
+        table.add_column(col, justify="left" if col in ("backend", "dtype", "check", "targets")
+                         else "right")
+    for r in rows:
+        missed = ob.targets_missed(r) if r["ok"] else []
+        r["targets_missed"] = missed
+        table.add_row(r["backend"], r["dtype"], str(r["M"]), str(r["N"]), str(r["K"]),
+                      gb.fmt(r["wrapped_us"], ".2f"), gb.fmt(r["gemm_us"], ".2f"),
+                      gb.fmt(r["added_us"], ".2f"), gb.fmt(r["untuned_us"], ".2f"),
+                      gb.fmt(r["tuned_us"], ".2f"), "PASS" if r["ok"] else "FAIL",
+                      "; ".join(missed) or ("met" if r["ok"] else "-"))
+    console.print(table)
+    failed = [r for r in rows if not r["ok"]]
+    for r in failed:
+        console.print(f"FAIL {r['backend']} {r['dtype']}: {r['error']}")
+    if args.out:
+        for path in write_results(args.out, collect_meta(), rows, ob.plot):
+            console.print(f"wrote {path}")
+    console.print(f"{len(rows) - len(failed)} of {len(rows)} backends passed the float64 check")
     return 1 if failed else 0
 
 
@@ -422,7 +480,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="check every backend against float64, then time it",
                            description="Check every backend against a float64 reference on "
-                           "poisoned outputs, then time the ones that pass (median, L2 flushed).")
+                           "poisoned outputs, then time the ones that pass: kernel time (CUDA-"
+                           "graph replay) and call time (eager), medians, L2 flushed.")
     bench.add_argument("--backends", help="comma list (default: every backend that runs here)")
     bench.add_argument("--shapes", help="comma list of N (square) or MxNxK "
                        "(default on GPU: 1024,2048,4096,8192,8192x8192x1024,16384x4096x512,"
@@ -439,6 +498,14 @@ def build_parser() -> argparse.ArgumentParser:
                        help="time the rows of each shape and dtype this many times, taking "
                             "turns, and report each row's median (evens out clock drift in "
                             "ratios; default 1)")
+    bench.add_argument("--timing", choices=("graph", "eager"), default="graph",
+                       help="what TFLOP/s and the ratios come from: graph (kernel time, CUDA-"
+                       "graph replay, default) or eager (do_bench of the eager call); the call "
+                       "time is measured either way")
+    bench.add_argument("--overhead", action="store_true",
+                       help="instead of the sweep: host µs per call of gemm() against the call "
+                       "each backend wraps, on a tiny shape (default 128; --shapes, --backends "
+                       "and --dtypes select)")
     bench.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     bench.add_argument("--launcher", default="cupy",
                        help="comma list of cupy, pycuda: what launches the CUDA C kernels "

@@ -1,11 +1,16 @@
-"""``gemmlab bench``: every backend of the ladder, checked, then timed, against cuBLAS.
+"""``gemmlab bench``: every backend of the ladder, checked, then timed, against the best
+baseline in the same run.
 
 For each shape x dtype x epilogue the same fresh random A, B and C feed every backend. Each
 backend first writes D (by default ReLU(A @ B + C)) into an output poisoned with NaN and is
 compared with the float64 reference (relative Frobenius error, tolerance by dtype, every
-element written); only a backend that passes is timed, and only timed rows get
-TFLOP/s = 2*M*N*K / t, a percentage of ``cublas`` on the same problem and a speedup over
-``torch_unfused``.
+element written); only a backend that passes is timed. Each timed row has a kernel time
+(CUDA-graph replay, the host excluded; its graph's output is checked again) and a call time
+(one eager call to an idle GPU, the host included; ``bench.timing``), and from the kernel
+time TFLOP/s = 2*M*N*K / t, the percentage of the best cuBLAS (the faster of ``cublas`` and
+``cublaslt`` on the same problem in the same run), the speedup over ``torch_compile`` and
+over ``torch_unfused``. A row whose call time exceeds its kernel time by more than
+``LAUNCH_BOUND`` is marked launch-bound: calling it costs more than its kernel.
 The layout follows karpathy/llm.c ``dev/cuda`` (validate every version, then time it,
 napkin math beside each time) and siboehm/SGEMM_CUDA (GFLOP/s and % of cuBLAS per step).
 """
@@ -26,7 +31,7 @@ from backends.cuda import use_launcher
 from backends.reference import TOLERANCES
 from backends.registry import CUDA_KERNELS
 
-from .timing import time_ms
+from .timing import call_samples, kernel_samples
 
 GPU_SHAPES = [(1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096), (8192, 8192, 8192),
               (8192, 8192, 1024), (16384, 4096, 512), (4096, 4096, 256)]
@@ -39,21 +44,28 @@ DTYPES = {"fp32": (torch.float32, False), "tf32": (torch.float32, True),
 # Epilogue name -> (C: full (M, N), bias (N,) or none; activation). relu_c is the project's op.
 EPILOGUES = {"relu_c": ("full", "relu"), "c": ("full", None), "relu_bias": ("bias", "relu"),
              "bias": ("bias", None), "none": (None, None)}
+# A row is launch-bound when its call time exceeds its kernel time by more than this share.
+LAUNCH_BOUND = 0.20
+# The baselines the reference column picks the faster of.
+CUBLAS_BASELINES = ("cublas", "cublaslt")
 FORMULAS = {"relu_c": "ReLU(A @ B + C)", "c": "A @ B + C", "relu_bias": "ReLU(A @ B + bias)",
             "bias": "A @ B + bias", "none": "A @ B"}
 
 
 @dataclass(frozen=True)
 class Timing:
-    """Timing knobs (see ``bench.timing.time_ms``). ``rounds``: how many times every row of one
+    """Timing knobs (see ``bench.timing``). ``rounds``: how many times every row of one
     (shape, dtype) is timed, the rows taking turns, so that a drift of the GPU's clocks
     (power, heat) spreads over all of them instead of favouring the rows timed first; a row's
-    ``ms`` is the median of its rounds."""
+    times are the medians of its rounds' medians. ``timing``: what the primary time (``ms``,
+    TFLOP/s, the ratios) is: ``"graph"`` (kernel time from CUDA-graph replay) or ``"eager"``
+    (``do_bench`` of the eager call)."""
 
     warmup_ms: float = 25
     rep_ms: float = 100
     min_reps: int = 10
     rounds: int = 1
+    timing: str = "graph"
 
 
 def parse_shape(text: str) -> tuple[int, int, int]:
@@ -106,9 +118,11 @@ def check(name: str, a, b, c, ref, dtype_name: str, epilogue: str,
     activation = EPILOGUES[epilogue][1]
     m, n, k = a.shape[0], b.shape[1], a.shape[1]
     row = {"backend": name, "launcher": launcher, "dtype": dtype_name, "epilogue": epilogue,
-           "M": m, "N": n, "K": k, "ms": None, "tflops": None, "pct_cublas": None,
-           "speedup_vs_torch_unfused": None, "rel_err": None, "tol": TOLERANCES[dtype_name],
-           "ok": False, "config": "", "error": ""}
+           "M": m, "N": n, "K": k, "ms": None, "tflops": None, "kernel_ms": None,
+           "call_ms": None, "host_us": None, "launch_bound": None, "timing": "",
+           "samples": None, "pct_best_cublas": None, "best_cublas": None,
+           "x_torch_compile": None, "speedup_vs_torch_unfused": None, "rel_err": None,
+           "tol": TOLERANCES[dtype_name], "ok": False, "config": "", "error": ""}
     out = torch.full((m, n), float("nan"), dtype=a.dtype, device=a.device)
 
     def call(out=None):
@@ -123,35 +137,74 @@ def check(name: str, a, b, c, ref, dtype_name: str, epilogue: str,
             return row, None
         err = backends.relative_error(out, ref)
         row.update(rel_err=err, ok=err <= row["tol"], config=backends.BACKENDS[name].config())
-    return row, call if row["ok"] else None
+    if not row["ok"]:
+        return row, None
+
+    def verify(d) -> str | None:
+        """The graph's D against the same reference and tolerance."""
+        err = backends.relative_error(d, ref)
+        return None if err <= row["tol"] else f"relative error {err:.2e} > {row['tol']:.0e}"
+
+    call.verify = verify
+    return row, call
 
 
 def time_rows(checked: list[tuple[dict, Callable[[], object] | None]], device: torch.device,
               timing: Timing) -> None:
-    """Fill ``ms`` and ``tflops`` of every row that passed, timing the rows in turn
-    ``timing.rounds`` times (``Timing``)."""
+    """Fill the times of every row that passed its check, timing the rows in turn
+    ``timing.rounds`` times (``Timing``): ``kernel_ms`` and ``call_ms`` (medians of the
+    rounds' medians, GPU only), ``ms`` (the primary: kernel time), ``timing`` (how the kernel
+    time was taken), ``host_us`` (call minus kernel), ``launch_bound``, ``samples`` (per
+    round, of the kernel time) and ``tflops``. A row whose CUDA graph gives a wrong D is
+    turned into a FAIL and left untimed."""
+    knobs = {"warmup_ms": timing.warmup_ms, "rep_ms": timing.rep_ms,
+             "min_reps": timing.min_reps}
     timed = [(row, call) for row, call in checked if call is not None]
-    samples: list[list[float]] = [[] for _ in timed]
+    kernel: list[list[float]] = [[] for _ in timed]
+    calls: list[list[float]] = [[] for _ in timed]
     for _ in range(timing.rounds):
-        for (row, call), times in zip(timed, samples):
+        for (row, call), k_times, c_times in zip(timed, kernel, calls):
+            if not row["ok"]:
+                continue
             with use_launcher(row["launcher"]) if row["launcher"] else contextlib.nullcontext():
-                times.append(time_ms(call, device, warmup_ms=timing.warmup_ms,
-                                     rep_ms=timing.rep_ms, min_reps=timing.min_reps))
-    for (row, _), times in zip(timed, samples):
-        ms = statistics.median(times)
-        row.update(ms=ms, tflops=2 * row["M"] * row["N"] * row["K"] / (ms * 1e-3) / 1e12)
+                try:
+                    samples, how = kernel_samples(call, device, timing=timing.timing,
+                                                  verify=call.verify, **knobs)
+                except ValueError as exc:
+                    row.update(ok=False, error=str(exc))
+                    continue
+                row["timing"], row["samples"] = how, len(samples)
+                k_times.append(statistics.median(samples))
+                if device.type == "cuda":
+                    c_times.append(statistics.median(call_samples(
+                        call, device, rep_ms=timing.rep_ms, min_reps=timing.min_reps)))
+    for (row, _), k_times, c_times in zip(timed, kernel, calls):
+        if not row["ok"]:
+            continue
+        ms = statistics.median(k_times)
+        row.update(ms=ms, kernel_ms=ms, tflops=2 * row["M"] * row["N"] * row["K"] / (ms * 1e-3)
+                   / 1e12)
+        if c_times:
+            call_ms = statistics.median(c_times)
+            row.update(call_ms=call_ms, host_us=(call_ms - ms) * 1e3,
+                       launch_bound=call_ms > (1 + LAUNCH_BOUND) * ms)
 
 
 def add_ratios(rows: list[dict]) -> None:
-    """Fill % of cuBLAS and speedup over torch_unfused, within each (shape, dtype, epilogue)."""
+    """Fill, within each (shape, dtype, epilogue), the % of the best cuBLAS (and which one),
+    the speedup over torch_compile and over torch_unfused, all from the primary times."""
     def key(r):
         return r["M"], r["N"], r["K"], r["dtype"], r["epilogue"]
     base = {(key(r), r["backend"]): r["ms"] for r in rows if r["ms"] is not None}
     for r in rows:
         if r["ms"] is None:
             continue
-        if (cublas := base.get((key(r), "cublas"))) is not None:
-            r["pct_cublas"] = 100 * cublas / r["ms"]
+        cublas = [(base[key(r), b], b) for b in CUBLAS_BASELINES if (key(r), b) in base]
+        if cublas:
+            best_ms, best = min(cublas)
+            r.update(pct_best_cublas=100 * best_ms / r["ms"], best_cublas=best)
+        if (compiled := base.get((key(r), "torch_compile"))) is not None:
+            r["x_torch_compile"] = compiled / r["ms"]
         if (unfused := base.get((key(r), "torch_unfused"))) is not None:
             r["speedup_vs_torch_unfused"] = unfused / r["ms"]
 
@@ -198,7 +251,6 @@ def run_sweep(names: list[str], shapes: list[tuple[int, int, int]], dtype_names:
                                      f"{m}x{n}x{k}")
                         checked.append(check(name, a, b, c, ref, dtype_name, epilogue,
                                              launcher))
-                del ref
             time_rows(checked, device, timing)
             rows += [row for row, _ in checked]
     add_ratios(rows)

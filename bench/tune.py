@@ -6,7 +6,8 @@ For each shape x dtype, fresh random A, B and a full C feed every backend; the o
 D = ReLU(A @ B + C). Each backend's default configuration (Triton's autotuner, the registry's
 tile sizes) is checked and timed first, then every candidate of its search space in a seeded
 random order: written into an output poisoned with NaN, compared with the float64 reference
-(relative Frobenius error, tolerance by dtype), and timed (``bench.timing.time_ms``) only if
+(relative Frobenius error, tolerance by dtype), and timed (``bench.timing.kernel_ms``: kernel
+time from CUDA-graph replay, the host excluded) only if
 it passed. A candidate that does not compile (a ``static_assert``, too much shared memory) or
 launch is counted as failed, one with a wrong result as rejected: neither is ever stored. The
 few fastest candidates, the default and the table's entry are then timed again in turns
@@ -38,7 +39,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from .results import git_commit
-from .timing import time_ms
+from .timing import kernel_ms
 
 # triton_fused on a GPU. BLOCK_K depends on the operand type: 16-bit and TF32 operands feed
 # the tensor cores in K steps of 32-64; IEEE fp32 runs on the FMA units, with smaller steps.
@@ -226,7 +227,8 @@ def _measure(run: Callable[[], object], out: torch.Tensor, ref: torch.Tensor, to
     err = relative_error(out, ref)
     if not err <= tol:
         return "rejected", None, f"relative error {err:.2e} > tolerance {tol:.0e}"
-    return "ok", time_ms(run, device, warmup_ms=warmup_ms, rep_ms=rep_ms, min_reps=min_reps), ""
+    return "ok", kernel_ms(run, device, warmup_ms=warmup_ms, rep_ms=rep_ms,
+                           min_reps=min_reps), ""
 
 
 def _operands(m: int, n: int, k: int, dtype_name: str, device: torch.device,
@@ -261,7 +263,7 @@ def _search(row: dict, impl, space: list[dict], operands, device: torch.device,
     ``FINALISTS`` fastest, the default and the incumbent again in ``FINAL_ROUNDS`` turns and
     keep each one's median. Fills ``row``."""
     import backends
-    from backends import tuning
+    from backends.problem import Problem
 
     a, b, c, ref = operands
     m, n, k, dtype_name = row["M"], row["N"], row["K"], row["dtype"]
@@ -269,10 +271,22 @@ def _search(row: dict, impl, space: list[dict], operands, device: torch.device,
     tol = backends.TOLERANCES[dtype_name]
     label = f"{impl.name} {dtype_name} {m}x{n}x{k}"
     d = torch.empty((m, n), dtype=a.dtype, device=device)
+    problem = Problem.of(a, b, c, True, tf32)
+
+    def bound(config, note: str) -> Callable[[], object]:
+        """The backend's launch with ``config`` (None: its default), bound on first use (a
+        candidate that does not compile then counts as failed, in ``_measure``)."""
+        launch = []
+
+        def run():
+            if not launch:
+                launch.append(impl.bind(problem, config, note))
+            return launch[0](a, b, c, d)
+
+        return run
 
     progress(f"{label} default", 0)
-    status, ms, why = _measure(lambda: impl.run(a, b, c, True, tf32, d), d, ref, tol, device,
-                               **timing)
+    status, ms, why = _measure(bound(None, "default"), d, ref, tol, device, **timing)
     row.update(default_ok=status == "ok", default_config=impl.config(), default_ms=ms,
                default_tflops=_tflops(m, n, k, ms))
     if status != "ok":
@@ -280,14 +294,14 @@ def _search(row: dict, impl, space: list[dict], operands, device: torch.device,
         say(f"{label}: the default configuration {status}: {why}")
     runs = {}  # what passed its check: "default", "table", or a candidate's index -> call
     if status == "ok":
-        runs["default"] = lambda: impl.run(a, b, c, True, tf32, d)
+        runs["default"] = bound(None, "default")
     if incumbent is not None:
         try:
-            table_choice = tuning.Choice(impl.pin(incumbent), "the tuned table's entry")
+            table_config = impl.pin(incumbent)
         except (KeyError, TypeError, ValueError) as exc:
             status, ms, why = "failed", None, f"cannot pin it: {exc}"
         else:
-            runs["table"] = lambda: impl.run(a, b, c, True, tf32, d, table_choice)
+            runs["table"] = bound(table_config, "the tuned table's entry")
             status, ms, why = _measure(runs["table"], d, ref, tol, device, **timing)
         row.update(table_ms=ms, table_tflops=_tflops(m, n, k, ms))
         if status != "ok":
@@ -302,9 +316,8 @@ def _search(row: dict, impl, space: list[dict], operands, device: torch.device,
             row["note"] = f"budget spent after {row['tried']} of {len(space)} candidates"
             say(f"{label}: {row['note']}; keeping the best so far")
             break
-        choice = tuning.Choice(impl.pin(config), "tuning candidate")
-        status, ms, why = _measure(lambda: impl.run(a, b, c, True, tf32, d, choice), d, ref,
-                                   tol, device, **timing)
+        status, ms, why = _measure(bound(impl.pin(config), "tuning candidate"), d, ref, tol,
+                                   device, **timing)
         row["tried"] += 1
         progress(f"{label}: {row['tried']}/{len(space)} candidates", 1)
         if status != "ok":
@@ -313,13 +326,12 @@ def _search(row: dict, impl, space: list[dict], operands, device: torch.device,
         else:
             screened.append((ms, i))
     for _, i in sorted(screened)[:FINALISTS]:
-        choice = tuning.Choice(impl.pin(space[i]), "tuning finalist")
-        runs[i] = lambda choice=choice: impl.run(a, b, c, True, tf32, d, choice)
+        runs[i] = bound(impl.pin(space[i]), "tuning finalist")
     # The final: everything that passed, timed in turns; each keeps the median of its rounds.
     times = {key: [] for key in runs}
     for _ in range(FINAL_ROUNDS if len(runs) > 1 else 0):
         for key, run in runs.items():
-            times[key].append(time_ms(run, device, **timing))
+            times[key].append(kernel_ms(run, device, **timing))
     median = {key: statistics.median(t) for key, t in times.items() if t}
     if "default" in median:
         row.update(default_ms=median["default"], default_tflops=_tflops(m, n, k,
@@ -352,7 +364,7 @@ def run_tune(names: list[str], shapes: list[tuple[int, int, int]], dtype_names: 
             group stops starting candidates when its share is spent and keeps its best so far.
         out: the tuned table to merge into (default ``backends.tuning.table_path()``).
         seed: seeds the random inputs and the order in which candidates are tried.
-        warmup_ms, rep_ms, min_reps: ``bench.timing.time_ms`` knobs per timed configuration.
+        warmup_ms, rep_ms, min_reps: ``bench.timing.kernel_ms`` knobs per timed configuration.
         console: where to show a progress bar and notes (none when None).
 
     Returns:

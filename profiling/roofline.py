@@ -3,7 +3,8 @@ every timed row as a point under them (Williams, Waterman and Patterson, "Roofli
 insightful visual performance model for multicore architectures", CACM 2009).
 
 - Compute ceiling per dtype: cuBLAS (plain A @ B, no epilogue) at 8192^3 in that dtype, the
-  best this GPU does in practice rather than the datasheet peak.
+  best this GPU does in practice rather than the datasheet peak (kernel time, CUDA-graph
+  replay).
 - Memory ceiling: a device-to-device copy of 1 GiB, counting the bytes read and written.
 - A row's arithmetic intensity = 2*M*N*K FLOP / the bytes it must move at least: A, B and C
   (a full C or a bias) read once and D written once, in the row's dtype.
@@ -16,7 +17,7 @@ from pathlib import Path
 import torch
 
 import backends
-from bench.timing import time_ms
+from bench.timing import kernel_ms
 
 CEILING_SHAPE = 8192
 COPY_BYTES = 1 << 30
@@ -29,13 +30,13 @@ def measure_ceilings(dtype_names: list[str], device: torch.device, dtypes: dict)
     """
     src = torch.empty(COPY_BYTES, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    ms = time_ms(lambda: dst.copy_(src), device)
+    ms = kernel_ms(lambda: dst.copy_(src), device)
     peaks = {}
     for name in dtype_names:
         dtype, tf32 = dtypes[name]
         a = torch.randn(CEILING_SHAPE, CEILING_SHAPE, device=device).to(dtype)
         b = torch.randn(CEILING_SHAPE, CEILING_SHAPE, device=device).to(dtype)
-        t = time_ms(lambda: backends.gemm(a, b, backend="cublas", allow_tf32=tf32), device)
+        t = kernel_ms(lambda: backends.gemm(a, b, backend="cublas", allow_tf32=tf32), device)
         peaks[name] = 2 * CEILING_SHAPE**3 / (t * 1e-3) / 1e12
     return {"bandwidth_gbps": 2 * COPY_BYTES / (ms * 1e-3) / 1e9, "peak_tflops": peaks,
             "ceiling_shape": [CEILING_SHAPE] * 3, "copy_bytes": COPY_BYTES}

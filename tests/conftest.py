@@ -33,12 +33,9 @@ def one_triton_config(request, monkeypatch):
     specialization (minutes); tests pin one config unless marked ``autotune``. The launch
     path is unchanged: a one-config autotuner runs it without benchmarking."""
     if HAS_GPU and "autotune" not in request.keywords:
-        import triton
-
         from backends import triton_fused
 
-        pinned = triton.autotune(configs=[triton_fused.CONFIGS_FP32[-1]],
-                                 key=["M", "N", "K"])(triton_fused.fused_gemm_kernel)
+        pinned = triton_fused.autotuned([triton_fused.CONFIGS_FP32[-1]], prune=False)
         monkeypatch.setattr(triton_fused, "tuned_kernel", pinned)
 
 

@@ -45,7 +45,7 @@ def test_cpu_bench_end_to_end(tmp_path):
     first_line = result.stdout.splitlines()[0]
     assert first_line.startswith("No CUDA GPU found: running the CPU functional check only")
     assert "skipped cuda_regblock: no CUDA GPU" in result.stdout
-    assert "[CPU functional check]" in result.stdout
+    assert "[CPU functional check: wall times]" in result.stdout
 
     data = json.loads((tmp_path / "results.json").read_text())
     meta, rows = data["meta"], data["rows"]
@@ -56,9 +56,10 @@ def test_cpu_bench_end_to_end(tmp_path):
     assert {r["epilogue"] for r in rows} == {"relu_c"}
     ran = {(r["backend"], r["dtype"], r["M"], r["N"], r["K"]) for r in rows}
     for shape in ((17, 33, 65), (1, 1, 1)):
-        for name in ("cublas", "torch_unfused", "triton_fused"):
+        for name in ("cublas", "torch_compile", "torch_unfused", "triton_fused"):
             assert (name, "fp32", *shape) in ran
         assert ("triton_fused", "bf16", *shape) not in ran  # no bf16 in the interpreter
+    assert all(r["timing"] == "cpu" and r["call_ms"] is None for r in rows)
     for r in rows:
         assert r["ok"] and r["rel_err"] <= r["tol"] and r["ms"] > 0 and r["tflops"] > 0
     csv_lines = (tmp_path / "results.csv").read_text().splitlines()
@@ -76,11 +77,15 @@ def test_bench_rejects_unknown_names():
 
 
 def _broken(backend: backends.Backend, damage) -> backends.Backend:
-    def run(a, b, c, relu, allow_tf32, out):
-        d = backend.run(a, b, c, relu, allow_tf32, out)
-        damage(d)
-        return d
-    return dataclasses.replace(backend, run=run)
+    def bind(p, config=None, *note):
+        launch = backend.bind(p, config, *note)
+
+        def broken(a, b, c, out):
+            d = launch(a, b, c, out)
+            damage(d)
+            return d
+        return broken
+    return dataclasses.replace(backend, bind=bind)
 
 
 @pytest.mark.parametrize("damage", [
@@ -93,9 +98,10 @@ def test_a_failing_backend_is_fail_and_never_ranked(monkeypatch, damage):
     device = torch.device("cpu")
     rows = gb.run_sweep(["cublas", "torch_unfused"], [(33, 17, 40)], ["fp32"], device, FAST)
     cublas, unfused = rows
-    assert cublas["ok"] and cublas["pct_cublas"] == pytest.approx(100)
+    assert cublas["ok"] and cublas["pct_best_cublas"] == pytest.approx(100)
     assert not unfused["ok"] and unfused["rel_err"] > unfused["tol"]
-    assert unfused["ms"] is None and unfused["tflops"] is None and unfused["pct_cublas"] is None
+    assert unfused["ms"] is None and unfused["tflops"] is None
+    assert unfused["pct_best_cublas"] is None
     assert cublas["speedup_vs_torch_unfused"] is None
 
 
@@ -106,20 +112,27 @@ def test_a_backend_that_raises_is_a_fail_row(monkeypatch):
     rows = gb.run_sweep(["cublas", "torch_unfused"], [(8, 8, 8)], ["fp32"], torch.device("cpu"),
                         FAST)
     assert not rows[0]["ok"] and rows[0]["error"] == "RuntimeError: launch failed"
-    assert rows[1]["ok"] and rows[1]["pct_cublas"] is None
+    assert rows[1]["ok"] and rows[1]["pct_best_cublas"] is None
 
 
-def test_ratios_are_within_one_shape_and_dtype():
-    rows = [dict(backend=n, dtype=d, epilogue=e, M=8, N=8, K=8, ms=ms, pct_cublas=None,
-                 speedup_vs_torch_unfused=None)
+def test_ratios_are_within_one_shape_and_dtype_against_the_faster_cublas():
+    rows = [dict(backend=n, dtype=d, epilogue=e, M=8, N=8, K=8, ms=ms, pct_best_cublas=None,
+                 best_cublas=None, x_torch_compile=None, speedup_vs_torch_unfused=None)
             for n, d, e, ms in [("cublas", "fp32", "relu_c", 1.0),
+                                ("cublaslt", "fp32", "relu_c", 0.8),
+                                ("torch_compile", "fp32", "relu_c", 0.4),
                                 ("torch_unfused", "fp32", "relu_c", 2.0),
                                 ("triton_fused", "fp32", "relu_c", 0.5),
                                 ("triton_fused", "fp16", "relu_c", 0.25),
+                                ("cublas", "fp32", "none", 0.125),
                                 ("triton_fused", "fp32", "none", 0.25)]]
     gb.add_ratios(rows)
-    assert [r["pct_cublas"] for r in rows] == [100, 50, 200, None, None]
-    assert [r["speedup_vs_torch_unfused"] for r in rows] == [2, 1, 4, None, None]
+    # relu_c fp32: cublaslt (0.8 ms) is the best cuBLAS; fp16 has no cuBLAS row.
+    assert [r["pct_best_cublas"] for r in rows] == [80, 100, 200, 40, 160, None, 100, 50]
+    assert [r["best_cublas"] for r in rows] == ["cublaslt"] * 5 + [None] + ["cublas"] * 2
+    assert [r["x_torch_compile"] for r in rows] == [0.4, 0.5, 1, 0.2, 0.8, None, None, None]
+    assert [r["speedup_vs_torch_unfused"] for r in rows] == [2, 2.5, 5, 1, 4, None, None,
+                                                            None]
 
 
 def test_rounds_below_one_are_refused():
@@ -128,23 +141,74 @@ def test_rounds_below_one_are_refused():
     assert "--rounds must be >= 1, got 0" in result.stdout
 
 
-def test_rounds_take_turns_and_report_the_median(monkeypatch):
+def _timed(name, kernel: list[float], calls: list[float] | None = None):
+    """A checked row and its call; ``kernel``/``calls`` feed the fake timers per round."""
+    def call():
+        return name
+    call.verify = None
+    call.kernel, call.calls = iter(kernel), iter(calls or [])
+    return {"backend": name, "launcher": "", "M": 2, "N": 2, "K": 2, "ok": True, "ms": None,
+            "timing": ""}, call
+
+
+@pytest.fixture
+def fake_timers(monkeypatch):
+    """kernel_samples/call_samples that log the order and hand out each call's next time."""
     order = []
-    fake = {"x": iter([3.0, 1.0, 2.0]), "y": iter([5.0, 9.0, 7.0])}
 
-    def fake_time_ms(call, device, **_):
-        order.append(call())
-        return next(fake[order[-1]])
+    def kernel_samples(call, device, timing="graph", verify=None, **_):
+        order.append(("kernel", call()))
+        return [next(call.kernel)], timing
 
-    monkeypatch.setattr(gb, "time_ms", fake_time_ms)
-    checked = [({"backend": name, "launcher": "", "M": 2, "N": 2, "K": 2}, lambda n=name: n)
-               for name in ("x", "y")]
-    checked.append(({"backend": "failed", "launcher": "", "M": 2, "N": 2, "K": 2, "ms": None},
-                     None))
+    def call_samples(call, device, **_):
+        order.append(("call", call()))
+        return [next(call.calls)]
+
+    monkeypatch.setattr(gb, "kernel_samples", kernel_samples)
+    monkeypatch.setattr(gb, "call_samples", call_samples)
+    return order
+
+
+def test_rounds_take_turns_and_report_the_median(fake_timers):
+    checked = [_timed("x", [3.0, 1.0, 2.0]), _timed("y", [5.0, 9.0, 7.0])]
+    checked.append(({"backend": "failed", "launcher": "", "M": 2, "N": 2, "K": 2, "ms": None,
+                     "ok": False}, None))
     gb.time_rows(checked, torch.device("cpu"), gb.Timing(rounds=3))
-    assert order == ["x", "y"] * 3
+    assert fake_timers == [("kernel", "x"), ("kernel", "y")] * 3  # no call time on a CPU
     assert [row["ms"] for row, _ in checked] == [2.0, 7.0, None]
+    assert [row.get("kernel_ms") for row, _ in checked] == [2.0, 7.0, None]
     assert checked[0][0]["tflops"] == pytest.approx(16 / 2e-3 / 1e12)
+    assert "call_ms" not in checked[0][0] and "launch_bound" not in checked[0][0]
+
+
+@pytest.mark.parametrize("timing", ["graph", "eager"])
+def test_kernel_and_call_times_and_the_launch_bound_mark(fake_timers, timing):
+    """On a GPU every row gets a kernel and a call time; call > 1.2 x kernel is launch-bound.
+    The device is only a label here: the fake timers touch no GPU."""
+    checked = [_timed("fast_call", [1.0, 1.2], [1.1, 1.3]),      # 1.1 ms kernel, 1.2 call
+               _timed("slow_call", [0.010, 0.012], [0.030, 0.020])]  # 11 µs kernel, 25 call
+    gb.time_rows(checked, torch.device("cuda"), gb.Timing(rounds=2, timing=timing))
+    assert fake_timers == [("kernel", "fast_call"), ("call", "fast_call"),
+                           ("kernel", "slow_call"), ("call", "slow_call")] * 2
+    fast, slow = (row for row, _ in checked)
+    assert fast["timing"] == slow["timing"] == timing
+    assert fast["ms"] == fast["kernel_ms"] == pytest.approx(1.1)
+    assert fast["call_ms"] == pytest.approx(1.2)
+    assert fast["host_us"] == pytest.approx(100) and fast["launch_bound"] is False
+    assert slow["kernel_ms"] == pytest.approx(0.011) and slow["call_ms"] == pytest.approx(0.025)
+    assert slow["host_us"] == pytest.approx(14) and slow["launch_bound"] is True
+
+
+def test_a_row_whose_graph_gives_a_wrong_result_is_fail_and_untimed(monkeypatch):
+    def kernel_samples(call, device, verify=None, **_):
+        raise ValueError("the CUDA graph's replay gave a wrong result: relative error 1")
+
+    monkeypatch.setattr(gb, "kernel_samples", kernel_samples)
+    checked = [_timed("x", [1.0])]
+    gb.time_rows(checked, torch.device("cpu"), gb.Timing())
+    row = checked[0][0]
+    assert not row["ok"] and row["ms"] is None and row.get("tflops") is None
+    assert "graph's replay gave a wrong result" in row["error"]
 
 
 def test_a_sweep_with_rounds_times_every_passing_row():
@@ -152,7 +216,7 @@ def test_a_sweep_with_rounds_times_every_passing_row():
                         gb.Timing(warmup_ms=1, rep_ms=2, min_reps=2, rounds=2),
                         epilogues=("relu_c", "none"))
     assert len(rows) == 4 and all(r["ok"] and r["ms"] > 0 for r in rows)
-    assert [r["pct_cublas"] for r in rows if r["backend"] == "cublas"] == [100, 100]
+    assert [r["pct_best_cublas"] for r in rows if r["backend"] == "cublas"] == [100, 100]
 
 
 def test_every_epilogue_is_checked_against_its_own_reference():

@@ -14,7 +14,9 @@ from backends.registry import CUDA_KERNELS
 pytestmark = pytest.mark.gpu
 SHAPES = [(1, 1, 1), (17, 33, 65), (127, 129, 3), (3, 1025, 7), (257, 1, 513),
           (1000, 17, 129), (1031, 1029, 1027)]
-CASES = [(b.name, dtype) for b in backends.LADDER for dtype in b.dtypes] if HAS_GPU else []
+# torch_compile compiles (max-autotune) once per problem: its own, smaller set below.
+CASES = [(b.name, dtype) for b in backends.LADDER for dtype in b.dtypes
+         if b.name != "torch_compile"] if HAS_GPU else []
 
 
 @pytest.mark.parametrize("backend,dtype", CASES, ids=[f"{b}-{str(d)[6:]}" for b, d in CASES])
@@ -26,6 +28,37 @@ def test_every_backend_on_odd_shapes(backend, dtype, m, n, k, c_kind, rng):
         out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
         gemm(a, b, c, activation=activation, backend=backend, out=out)
         assert_matches_reference(out, a, b, c, activation)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("m,n,k", [(17, 33, 65), (1031, 1029, 1027)])
+@pytest.mark.parametrize("c_kind", ["full", "bias", None])
+def test_torch_compile_on_odd_shapes(dtype, m, n, k, c_kind, rng):
+    a, b, c = random_inputs(m, n, k, dtype, "cuda", c_kind, rng)
+    out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
+    gemm(a, b, c, activation="relu", backend="torch_compile", out=out)
+    assert_matches_reference(out, a, b, c, "relu")
+    assert "compiled in" in backends.BACKENDS["torch_compile"].config()
+
+
+@pytest.mark.parametrize("backend", [b.name for b in backends.LADDER])
+def test_every_backend_is_captured_in_a_cuda_graph_and_replays_right(backend, rng):
+    """Kernel times come from CUDA-graph replay: every backend must capture (not fall back to
+    eager) and its replayed D must pass the float64 check."""
+    from bench.timing import kernel_samples
+
+    dtype = backends.BACKENDS[backend].dtypes[0]
+    a, b, c = random_inputs(1000, 1032, 520, dtype, "cuda", "full", rng)
+    ref = backends.reference(a, b, c, "relu")
+
+    def verify(d):
+        err = backends.relative_error(d, ref)
+        return None if err <= backends.TOLERANCES["fp16"] else f"relative error {err:.2e}"
+
+    samples, how = kernel_samples(
+        lambda: gemm(a, b, c, activation="relu", backend=backend), torch.device("cuda"),
+        warmup_ms=1, rep_ms=5, min_reps=10, verify=verify)
+    assert how == "graph" and len(samples) >= 10 and min(samples) > 0
 
 
 @pytest.mark.parametrize("backend", [b.name for b in backends.LADDER])

@@ -12,9 +12,9 @@ from backends import BackendUnavailableError, gemm
 
 DEVICE = "cuda" if HAS_GPU else "cpu"
 RUNNING = [s.name for s in backends.available() if s.runs]
-LADDER_ORDER = ["cublas", "torch_unfused", "cuda_naive", "cuda_smem", "cuda_regblock",
-                "cuda_vec", "cuda_warptile", "cuda_pipelined", "cuda_wmma", "cuda_mma",
-                "cuda_wgmma", "triton_fused"]
+LADDER_ORDER = ["cublas", "cublaslt", "torch_compile", "torch_unfused", "cuda_naive",
+                "cuda_smem", "cuda_regblock", "cuda_vec", "cuda_warptile", "cuda_pipelined",
+                "cuda_wmma", "cuda_mma", "cuda_wgmma", "triton_fused"]
 
 
 def test_registry_is_the_ladder_in_order():
@@ -180,21 +180,28 @@ def test_out_receives_d_and_inputs_are_untouched(backend, rng):
 
 
 def test_every_call_runs_in_an_nvtx_range_named_after_the_backend(monkeypatch, rng):
-    import contextlib
+    import profiling.nvtx
 
-    import backends.api
+    pushed, open_ranges = [], []
 
-    names = []
+    class Recorder:
+        def get_event_attributes(self, message=None, payload=None):
+            return message
 
-    def record(name):
-        names.append(name)
-        return contextlib.nullcontext()
+        def push_range(self, name):
+            pushed.append(name)
+            open_ranges.append(name)
 
-    monkeypatch.setattr(backends.api, "annotate", record)
+        def pop_range(self):
+            open_ranges.pop()
+
+    monkeypatch.setattr(profiling.nvtx, "domain", Recorder())
     a, b, c = random_inputs(5, 6, 7, device=DEVICE, generator=rng)
     for backend in RUNNING:
         gemm(a, b, c, activation="relu", backend=backend)
-    assert names == RUNNING
+        gemm(a, b, c, activation="relu", backend=backend)  # the bound signature: same range
+    assert pushed == [name for name in RUNNING for _ in range(2)]
+    assert open_ranges == []
 
 
 @settings(max_examples=12, deadline=None)

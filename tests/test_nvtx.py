@@ -1,7 +1,6 @@
 """NVTX ranges: where gemmlab pushes them and what they are called (recorded on CPU by
-replacing the nvtx package's annotate), CUDA stream naming, and the overhead probe."""
+replacing the domain handle), CUDA stream naming, and the overhead probe."""
 
-import contextlib
 import json
 
 import pytest
@@ -37,17 +36,28 @@ class Loopback(Communicator):
     _recv = _send
 
 
+class Recorder:
+    """A domain handle that records (message, domain, payload) of every push."""
+
+    def __init__(self):
+        self.pushed = []
+
+    def get_event_attributes(self, message=None, payload=None, **_):
+        return message, gemmlab_nvtx.DOMAIN, payload
+
+    def push_range(self, attributes):
+        self.pushed.append(attributes)
+
+    def pop_range(self):
+        pass
+
+
 @pytest.fixture
 def ranges(monkeypatch):
     """The (message, domain, payload) of every range pushed, in order."""
-    pushed = []
-
-    def record(message=None, domain=None, payload=None, **_):
-        pushed.append((message, domain, payload))
-        return contextlib.nullcontext()
-
-    monkeypatch.setattr(gemmlab_nvtx.nvtx, "annotate", record)
-    return pushed
+    recorder = Recorder()
+    monkeypatch.setattr(gemmlab_nvtx, "domain", recorder)
+    return recorder.pushed
 
 
 def test_collectives_are_named_after_backend_and_operation(ranges):

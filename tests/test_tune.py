@@ -28,7 +28,9 @@ def table(tmp_path, monkeypatch):
     """The tuned table gemm() reads in this test: a file under tmp_path, not there yet."""
     path = tmp_path / "tuned.json"
     monkeypatch.setenv(tuning.ENV_VAR, str(path))
-    return path
+    tuning.reload()  # gemm() reads the variable when it binds, not per call
+    yield path
+    tuning.reload()
 
 
 def entry(gpu="NVIDIA H200", backend="triton_fused", dtype="fp16", bucket=(4096, 4096, 4096),
@@ -233,15 +235,15 @@ PINNED = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16, "GROUP_M": 2, "num_warps"
 
 @pytest.fixture
 def launches(monkeypatch):
-    """The ``config`` of every triton_fused.run call."""
+    """The ``config`` of every triton_fused launch bound (gemm() binds once per signature)."""
     seen = []
-    run = triton_fused.run
+    bind = triton_fused.bind
 
-    def spy(*args, config=None):
+    def spy(p, config=None):
         seen.append(config)
-        return run(*args, config=config)
+        return bind(p, config)
 
-    monkeypatch.setattr(triton_fused, "run", spy)
+    monkeypatch.setattr(triton_fused, "bind", spy)
     return seen
 
 
@@ -331,7 +333,7 @@ FAST = {"warmup_ms": 1, "rep_ms": 1, "min_reps": 1}
 def test_run_tune_stores_a_checked_winner_that_gemm_then_uses(table, launches, monkeypatch, rng):
     # Candidates are timed for real; the default reports 1 s, so the best one is stored
     # whatever the noise of CPU times.
-    monkeypatch.setattr(tune, "time_ms", _default_reports(1000.0))
+    monkeypatch.setattr(tune, "kernel_ms", _default_reports(1000.0))
     rows = tune.run_tune(["triton_fused"], [(40, 24, 32)], ["fp32"], DEVICE, budget_s=120,
                          out=table, **FAST)
     (row,) = rows
@@ -355,11 +357,11 @@ def test_run_tune_stores_a_checked_winner_that_gemm_then_uses(table, launches, m
 def test_run_tune_can_store_the_persistent_kernel_and_gemm_then_runs_it(table, launches,
                                                                         monkeypatch, rng):
     """The fake clock times what really ran: the persistent TMA kernel is the fastest."""
-    def fake_time_ms(fn, device, **timing):
+    def fake_kernel_ms(fn, device, **timing):
         fn()
         return 0.5 if triton_fused.last_config().endswith("persistent TMA kernel") else 2.0
 
-    monkeypatch.setattr(tune, "time_ms", fake_time_ms)
+    monkeypatch.setattr(tune, "kernel_ms", fake_kernel_ms)
     (row,) = tune.run_tune(["triton_fused"], [(40, 24, 32)], ["fp16"], DEVICE, out=table)
     assert row["tried"] == row["candidates"] == 8 and row["failed"] == row["rejected"] == 0
     assert row["default_ms"] == 2.0 and row["best_ms"] == 0.5 and row["stored"]
@@ -386,14 +388,14 @@ def test_the_tables_entry_is_timed_in_the_same_run(table, monkeypatch, table_ms,
                        **old)], table)
     (old_entry,) = tuning.load(table).entries
 
-    def fake_time_ms(fn, device, **timing):
+    def fake_kernel_ms(fn, device, **timing):
         fn()
         config = triton_fused._last[0]
         if config is triton_fused.INTERPRETER_CONFIG:
             return 2.0  # the default
         return table_ms if config.kwargs["GROUP_M"] == 8 else 1.0
 
-    monkeypatch.setattr(tune, "time_ms", fake_time_ms)
+    monkeypatch.setattr(tune, "kernel_ms", fake_kernel_ms)
     (row,) = tune.run_tune(["triton_fused"], [(40, 24, 32)], ["fp32"], DEVICE, out=table)
     assert row["table_ms"] == table_ms and row["best_ms"] == 1.0
     assert row["stored"] is replaced
@@ -422,7 +424,7 @@ def test_finalists_are_chosen_by_their_median_over_the_final_rounds(table, monke
             return 0.5 if calls[key] == 1 else 3.0
         return 1.0 if key == (32, 32, 1) else 1.5
 
-    monkeypatch.setattr(tune, "time_ms", drifting_clock)
+    monkeypatch.setattr(tune, "kernel_ms", drifting_clock)
     (row,) = tune.run_tune(["triton_fused"], [(40, 24, 32)], ["fp32"], DEVICE, out=table)
     assert calls[(16, 16, 0)] == 1 + tune.FINAL_ROUNDS  # it reached the final
     best = row["best_config"]
@@ -441,11 +443,11 @@ def test_a_spent_budget_starts_no_candidate(table):
 
 @interpreter_only
 def test_a_budget_spent_mid_search_keeps_the_best_so_far(table, monkeypatch):
-    def slow_time_ms(fn, device, **timing):  # each timing takes 0.6 s of the 1 s budget
+    def slow_kernel_ms(fn, device, **timing):  # each timing takes 0.6 s of the 1 s budget
         time.sleep(0.6)
         return 1.0
 
-    monkeypatch.setattr(tune, "time_ms", slow_time_ms)
+    monkeypatch.setattr(tune, "kernel_ms", slow_kernel_ms)
     (row,) = tune.run_tune(["triton_fused"], [(16, 16, 16)], ["fp32"], DEVICE, budget_s=1.0,
                            out=table)
     assert row["tried"] == 1 and row["note"] == "budget spent after 1 of 8 candidates"
@@ -458,25 +460,29 @@ def test_broken_and_wrong_candidates_are_never_timed_or_stored(table, monkeypatc
     """(16, 16) does not launch, (16, 32) computes a wrong D, with either kernel (PERSISTENT 0
     and 1); the fake clock would make the wrong one the fastest if it were ever timed."""
     last = {}
-    run = triton_fused.run
+    bind = triton_fused.bind
 
-    def broken(a, b, c, relu, allow_tf32, out, config=None):
+    def broken(p, config=None):
         tile = None if config is None else (config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"])
-        last["tile"] = tile
         if tile == (16, 16):
             raise RuntimeError("out of resources")
-        run(a, b, c, relu, allow_tf32, out, config=config)
-        return out.mul_(1.01) if tile == (16, 32) else out
+        launch = bind(p, config)
+
+        def run(a, b, c, out):
+            last["tile"] = tile
+            launch(a, b, c, out)
+            return out.mul_(1.01) if tile == (16, 32) else out
+        return run
 
     timed = []
 
-    def fake_time_ms(fn, device, **timing):
+    def fake_kernel_ms(fn, device, **timing):
         fn()
         timed.append(last["tile"])
         return {None: 5.0, (16, 32): 0.1, (32, 16): 1.0}.get(last["tile"], 2.0)
 
-    monkeypatch.setattr(triton_fused, "run", broken)
-    monkeypatch.setattr(tune, "time_ms", fake_time_ms)
+    monkeypatch.setattr(triton_fused, "bind", broken)
+    monkeypatch.setattr(tune, "kernel_ms", fake_kernel_ms)
     (row,) = tune.run_tune(["triton_fused"], [(48, 40, 24)], ["fp32"], DEVICE, out=table)
     assert row["tried"] == 8 and row["failed"] == 2 and row["rejected"] == 2
     assert "out of resources" in row["error"] or "relative error" in row["error"]
@@ -491,22 +497,22 @@ def test_broken_and_wrong_candidates_are_never_timed_or_stored(table, monkeypatc
 
 @interpreter_only
 def test_nothing_is_stored_when_the_default_is_faster(table, monkeypatch):
-    monkeypatch.setattr(tune, "time_ms", _default_reports(1.0, lambda fn, device, **_: 2.0))
+    monkeypatch.setattr(tune, "kernel_ms", _default_reports(1.0, lambda fn, device, **_: 2.0))
     (row,) = tune.run_tune(["triton_fused"], [(16, 16, 16)], ["fp32"], DEVICE, out=table)
     assert row["best_ms"] == 2.0 and row["default_ms"] == 1.0 and not row["stored"]
     assert row["note"] == "the default configuration was faster: not stored"
     assert not table.exists()
 
 
-def _default_reports(default_ms, time_ms=tune.time_ms):
-    """A clock for ``tune.time_ms`` that reports ``default_ms`` whenever the default
+def _default_reports(default_ms, kernel_ms=tune.kernel_ms):
+    """A clock for ``tune.kernel_ms`` that reports ``default_ms`` whenever the default
     configuration (Triton's autotuner; the interpreter's fixed config) is what ran, in the
-    screening pass and in the final rounds alike, and ``time_ms`` for everything else."""
+    screening pass and in the final rounds alike, and ``kernel_ms`` for everything else."""
     def clock(fn, device, **timing):
         fn()
         if triton_fused._last[0] is triton_fused.INTERPRETER_CONFIG:
             return default_ms
-        return time_ms(fn, device, **timing)
+        return kernel_ms(fn, device, **timing)
     return clock
 
 
@@ -521,7 +527,7 @@ def gemmlab_tune(*argv):
 
 @interpreter_only
 def test_gemmlab_tune_on_the_cpu(table, monkeypatch):
-    monkeypatch.setattr(tune, "time_ms", lambda fn, device, **timing: 1.0)  # a tie is stored
+    monkeypatch.setattr(tune, "kernel_ms", lambda fn, device, **timing: 1.0)  # a tie is stored
     monkeypatch.delitem(tune.CUDA_SPACES, "cuda_smem")
     code, output = gemmlab_tune("--shapes", "32", "--dtypes", "fp32,bf16", "--budget", "120",
                                 "--warmup-ms", "1", "--rep-ms", "1")

@@ -39,6 +39,8 @@ from pathlib import Path
 
 import torch
 
+from ..problem import Problem
+
 SOURCE_DIR = Path(__file__).resolve().parent
 _MAX_GRID_Y = 65535  # CUDA's limit on gridDim.y, which runs over the tiles along M
 _DTYPE_DEFINES = {torch.float32: (), torch.float16: ("-DGEMM_FP16",),
@@ -107,54 +109,65 @@ class CudaKernel:
         memory in bytes, for ``dtype`` operands on ``device``."""
         return _compiled(self.source, self.name, self.defines(dtype), device, self.arch_suffix)
 
-    def __call__(self, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None,
-                 relu: bool, out: torch.Tensor) -> torch.Tensor:
-        """Launch D = act(A @ B + C) into ``out`` on torch's current stream.
+    def bind(self, p: Problem):
+        """The launch of D = act(A @ B + C) for Problem ``p``, on torch's current stream.
 
-        ``a`` (M, K), ``b`` (K, N) and ``out`` (M, N) are contiguous CUDA tensors of one of
-        ``dtypes`` on one device, ``c`` is None, contiguous (M, N) or (N,); ``gemm()`` has
-        checked all of that.
-        Pointers are passed as integers: no copy, the launcher never owns the memory. The
-        launcher is CuPy unless ``use_launcher("pycuda")`` is in effect.
+        It takes contiguous CUDA tensors ``a`` (M, K), ``b`` (K, N), ``c`` (None, (M, N) or
+        (N,)) and ``out`` (None or (M, N)) of ``p``'s dtype on ``p``'s device (``gemm()`` has
+        checked all of that) and returns D. Everything that depends only on ``p`` is done
+        here, once: compiling, the grid, the scalar arguments. A launch passes the pointers as
+        integers (no copy; the launcher never owns the memory) through CuPy, or through
+        PyCUDA inside ``use_launcher("pycuda")``.
 
         Raises:
             ValueError: M needs more than 65535 thread blocks along gridDim.y.
-            RuntimeError: the PyCUDA launcher on a stream other than the default one; a
-                ``tma`` kernel on a GPU that is not compute capability 9.0.
+            RuntimeError: a ``tma`` kernel on a GPU that is not compute capability 9.0; at
+                launch, the PyCUDA launcher on a stream other than the default one.
         """
-        m, k = a.shape
-        n = b.shape[1]
+        m, n, k = p.m, p.n, p.k
         grid = self.grid(m, n)
         if grid[1] > _MAX_GRID_Y:
             raise ValueError(f"{self.name}: M={m} needs {grid[1]} blocks along gridDim.y "
                              f"(limit {_MAX_GRID_Y}) at BLOCK_M={self.params['BLOCK_M']}")
-        device = a.device.index if a.device.index is not None else torch.cuda.current_device()
-        ldc = 0 if c is None or c.dim() == 1 else n
-        extra = ()
-        if self.tma:
-            if (why := sm90a_unavailable_reason(device)) is not None:
-                raise RuntimeError(f"{self.name}: {why}")
-            from . import tma
-
-            a, b = tma.operands(a, b)
-            maps = tma.gemm_maps(a, b, k, n, self.params["BLOCK_M"], self.params["BLOCK_K"])
-            extra = (maps.data_ptr(),)
-        args = (a.data_ptr(), b.data_ptr(), 0 if c is None else c.data_ptr(), out.data_ptr(),
-                m, n, k, ldc, int(relu), *extra)
-        if _LAUNCHER.get() == "pycuda":
-            from .pycuda_launch import launch
-
-            launch(self, a.dtype, device, grid, args)
-            return out
+        device = p.device.index if p.device.index is not None else torch.cuda.current_device()
+        if self.tma and (why := sm90a_unavailable_reason(device)) is not None:
+            raise RuntimeError(f"{self.name}: {why}")
         import cupy
 
-        kernel, smem = self.compiled(a.dtype, device)
-        args = (*args[:4], cupy.int32(m), cupy.int32(n), cupy.int32(k), cupy.int64(ldc),
-                cupy.int32(relu), *extra)
-        stream = _stream(torch.cuda.current_stream(device).cuda_stream, device)
-        with cupy.cuda.Device(device), stream:
-            kernel(grid, self.threads, args, shared_mem=smem)
-        return out
+        function, smem = self.compiled(p.dtype, device)
+        ldc = 0 if p.c != "full" else n
+        scalars = (cupy.int32(m), cupy.int32(n), cupy.int32(k), cupy.int64(ldc),
+                   cupy.int32(p.relu))
+        threads = self.threads
+
+        def launch(a, b, c, out):
+            out = p.output(out)
+            extra = ()
+            if self.tma:
+                from . import tma
+
+                a, b = tma.operands(a, b)
+                extra = (tma.gemm_maps(a, b, k, n, self.params["BLOCK_M"],
+                                       self.params["BLOCK_K"]).data_ptr(),)
+            pointers = (a.data_ptr(), b.data_ptr(), 0 if c is None else c.data_ptr(),
+                        out.data_ptr())
+            if _LAUNCHER.get() == "pycuda":
+                from .pycuda_launch import launch as pycuda_launch
+
+                pycuda_launch(self, p.dtype, device, grid,
+                              (*pointers, m, n, k, ldc, int(p.relu), *extra))
+                return out
+            stream = cupy_stream(torch._C._cuda_getCurrentRawStream(device), device)
+            if torch.cuda.current_device() == device:
+                function(grid, threads, (*pointers, *scalars, *extra), shared_mem=smem,
+                         stream=stream)
+            else:
+                with cupy.cuda.Device(device):
+                    function(grid, threads, (*pointers, *scalars, *extra), shared_mem=smem,
+                             stream=stream)
+            return out
+
+        return launch
 
 
 LAUNCHERS = ("cupy", "pycuda")
@@ -261,8 +274,9 @@ def _compiled(source: str, name: str, defines: tuple[str, ...], device: int, arc
 
 
 @functools.cache
-def _stream(ptr: int, device: int):
-    """CuPy's view of a torch stream, so CuPy launches stay in torch's stream order."""
+def cupy_stream(ptr: int, device: int):
+    """CuPy's view of a torch stream (its raw handle, as Triton reads it), so CuPy launches
+    stay in torch's stream order."""
     import cupy
 
     # CuPy 14 deprecates ExternalStream for Stream.from_external; CuPy 13 (the cuda12

@@ -1,0 +1,203 @@
+"""``gemmlab bench --overhead``: what ``gemm()`` costs the host per call, against the call it
+wraps, per backend, on tiny shapes where the host is all there is.
+
+Per backend (and dtype) on fresh random A, B, C, every call first checked against float64 on
+a NaN-poisoned output:
+
+- ``wrapped_us``: the library call the backend makes, set up once by hand and then only
+  called, a new D each call as ``gemm()`` gives: ``torch.addmm(c, a, b).relu_()`` for
+  cublas; the planned nvmath ``Matmul``'s ``execute`` for cublaslt; the compiled function
+  for torch_compile; the expression for torch_unfused; ``torch.empty`` for D and CuPy's
+  ``Function`` launch with its arguments built per call for the CUDA C kernels (the tensor
+  maps of cuda_wgmma encoded beforehand); ``torch.empty`` and Triton's own
+  ``CompiledKernel[grid](*args)`` launch of the compiled kernel for triton_fused.
+- ``gemm_us``: ``backends.gemm(a, b, c, activation="relu", backend=...)``, tuned (the
+  default), after its first call has bound the signature.
+- ``untuned_us``: the same with ``tuned=False``; ``tuned_us`` = gemm_us - untuned_us, what the
+  tuned-table lookup adds per call.
+- ``added_us`` = gemm_us - wrapped_us: what ``gemm()`` adds (its checks, its binding look-up,
+  the NVTX range).
+
+Each figure is host time: the median over ``rounds`` rounds (the three calls taking turns) of
+``timeit`` loops of ``number`` back-to-back calls, divided by ``number``, with the GPU
+synchronized between loops. The GPU runs each tiny kernel faster than the host issues it,
+so the loop measures the host.
+"""
+
+from __future__ import annotations
+
+import statistics
+import timeit
+from collections.abc import Callable
+
+import torch
+
+import backends
+from backends.problem import Problem
+from backends.registry import CUDA_KERNELS
+
+from .gemm_bench import DTYPES, random_operand
+
+SHAPE = (128, 128, 128)
+# Targets of the cheap-gemm() work, in µs per call: gemm() over the wrapped call, and gemm()
+# in all for triton_fused, for the CUDA C kernels, and the tuned look-up.
+TARGET_ADDED_US = 3.0
+TARGET_TRITON_US = 15.0
+TARGET_CUDA_US = 12.0
+TARGET_TUNED_US = 1.0
+
+
+def _wrapped(name: str, p: Problem, a, b, c, d) -> Callable[[], object]:
+    """The call backend ``name`` wraps, with everything but the call itself done here."""
+    if name == "cublas":
+        return lambda: torch.addmm(c, a, b).relu_()
+    if name == "torch_unfused":
+        return lambda: torch.relu(a @ b + c)
+    if name == "torch_compile":
+        from backends import torch_compile
+
+        compiled = torch_compile.compiled(p, (a.stride(), b.stride(), c.stride()))
+        return lambda: compiled(a, b, c)
+    if name == "cublaslt":
+        from backends import cublaslt
+
+        stream = torch.cuda.current_stream().cuda_stream
+        mm, _ = cublaslt.plan(p, a, b, c, stream)
+        return lambda: mm.execute(stream=stream)
+    if name in CUDA_KERNELS:
+        return _wrapped_cuda(CUDA_KERNELS[name], p, a, b, c, d)
+    if name == "triton_fused":
+        from backends import triton_fused
+
+        launch = triton_fused.bind(p, None)
+        launch(a, b, c, d)
+        if not launch.compiled:  # the interpreter: no compiled kernel, the JIT is the call
+            return lambda: launch(a, b, c, d)
+        kernel, grid, make_args = launch.compiled
+        args = list(make_args(a, b, c, d))
+        where = args.index(d)  # D's place: a new D per call, as gemm() makes
+
+        def triton_launch():
+            args[where] = out = torch.empty_like(d)
+            kernel[grid](*args)
+            return out
+
+        return triton_launch
+    raise ValueError(f"no wrapped call known for backend {name!r}")
+
+
+def _wrapped_cuda(kernel, p: Problem, a, b, c, d) -> Callable[[], object]:
+    import cupy
+
+    from backends.cuda import cupy_stream, tma
+
+    device = a.device.index
+    function, smem = kernel.compiled(p.dtype, device)
+    scalars = (cupy.int32(p.m), cupy.int32(p.n), cupy.int32(p.k), cupy.int64(p.n),
+               cupy.int32(p.relu))
+    extra = ()
+    if kernel.tma:
+        maps = tma.gemm_maps(a, b, p.k, p.n, kernel.params["BLOCK_M"], kernel.params["BLOCK_K"])
+        extra = (maps.data_ptr(),)
+    stream = cupy_stream(torch.cuda.current_stream().cuda_stream, device)
+    grid, threads = kernel.grid(p.m, p.n), kernel.threads
+
+    def cupy_launch():
+        out = torch.empty_like(d)
+        function(grid, threads, (a.data_ptr(), b.data_ptr(), c.data_ptr(), out.data_ptr(),
+                                 *scalars, *extra), shared_mem=smem, stream=stream)
+        return out
+
+    return cupy_launch
+
+
+def _host_us(fn: Callable[[], object], number: int, device: torch.device) -> float:
+    """Host µs per call of one ``timeit`` loop of ``number`` calls, GPU idle before it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    seconds = timeit.timeit(fn, number=number)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return seconds / number * 1e6
+
+
+def measure(name: str, dtype_name: str, device: torch.device, shape=SHAPE, *, rounds: int = 21,
+            number: int = 200, seed: int = 0) -> dict:
+    """One row (see the module doc): checked, then timed; ``ok`` False and no times when a
+    check fails (``error`` says which call and why). A loop holds ``number`` calls, fewer
+    when one call takes more than 50 µs (the Triton interpreter on a CPU)."""
+    dtype, tf32 = DTYPES[dtype_name]
+    m, n, k = shape
+    generator = torch.Generator(device=device).manual_seed(seed)
+    a, b, c = (random_operand(*s, dtype=dtype, device=device, generator=generator)
+               for s in ((m, k), (k, n), (m, n)))
+    ref = backends.reference(a, b, c, "relu")
+    tol = backends.TOLERANCES[dtype_name]
+    p = Problem.of(a, b, c, True, tf32)
+    d = torch.empty((m, n), dtype=dtype, device=device)  # a D for the set-up of raw launches
+    impl = backends.BACKENDS[name]
+    row = {"backend": name, "dtype": dtype_name, "M": m, "N": n, "K": k, "number": number,
+           "rounds": rounds, "wrapped_us": None, "gemm_us": None, "untuned_us": None,
+           "added_us": None, "tuned_us": None, "ok": False, "error": ""}
+
+    def gemm(tuned: bool):
+        return lambda: backends.gemm(a, b, c, activation="relu", backend=name,
+                                     allow_tf32=tf32, tuned=tuned)
+
+    calls = {"gemm_us": gemm(True), "untuned_us": gemm(False)}
+    try:
+        calls["wrapped_us"] = _wrapped(name, p, a, b, c, d)
+        for label, call in calls.items():
+            err = backends.relative_error(call(), ref)
+            if not err <= tol:
+                raise ValueError(f"{label[:-3]} call: relative error {err:.2e} > {tol:.0e}")
+    except Exception as exc:  # a broken backend is a FAIL row, not the end of the sweep
+        row["error"] = f"{type(exc).__name__}: {exc}"
+        return row
+    slowest = max(_host_us(call, 1, device) for call in calls.values())
+    number = row["number"] = max(1, min(number, int(200 * 50 / slowest)))
+    samples = {label: [] for label in calls}
+    for _ in range(rounds):
+        for label, call in calls.items():
+            samples[label].append(_host_us(call, number, device))
+    row.update({label: statistics.median(s) for label, s in samples.items()}, ok=True)
+    row["added_us"] = row["gemm_us"] - row["wrapped_us"]
+    if impl.pin is not None:
+        row["tuned_us"] = row["gemm_us"] - row["untuned_us"]
+    return row
+
+
+def targets_missed(row: dict) -> list[str]:
+    """The targets (``TARGET_*``) a measured row misses, as short phrases."""
+    missed = []
+    if row["added_us"] > TARGET_ADDED_US:
+        missed.append(f"adds {row['added_us']:.1f} > {TARGET_ADDED_US:g} µs")
+    limit = {"triton_fused": TARGET_TRITON_US}.get(
+        row["backend"], TARGET_CUDA_US if row["backend"] in CUDA_KERNELS else None)
+    if limit is not None and row["gemm_us"] > limit:
+        missed.append(f"gemm() {row['gemm_us']:.1f} > {limit:g} µs")
+    if row["tuned_us"] is not None and row["tuned_us"] > TARGET_TUNED_US:
+        missed.append(f"tuned look-up {row['tuned_us']:.1f} > {TARGET_TUNED_US:g} µs")
+    return missed
+
+
+def plot(rows: list[dict], path) -> None:
+    """Host µs per call: the wrapped call and gemm() side by side, per backend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shown = [r for r in rows if r["ok"]]
+    fig, ax = plt.subplots(figsize=(9, 0.45 * len(shown) + 1.5))
+    ys = range(len(shown))
+    ax.barh([y + 0.2 for y in ys], [r["wrapped_us"] for r in shown], 0.4, label="wrapped call")
+    ax.barh([y - 0.2 for y in ys], [r["gemm_us"] for r in shown], 0.4, label="gemm()")
+    ax.set_yticks(list(ys), [f"{r['backend']} {r['dtype']}" for r in shown], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("host µs per call")
+    ax.legend(fontsize=8)
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,128 @@
+"""bench.timing: which path a kernel time takes (CUDA-graph replay, eager on request, eager
+when the capture fails, CPU), what the graph's output must pass, and the sample counts;
+and ``gemmlab bench --overhead`` end to end. The GPU paths run here with fake CUDA pieces:
+the device is a label, the graph and the timer are stand-ins."""
+
+import json
+
+import pytest
+import torch
+from conftest import HAS_GPU
+
+from bench import overhead_bench, timing
+
+CUDA = torch.device("cuda")
+
+
+class FakeGraph:
+    def __init__(self):
+        self.replays = 0
+
+    def replay(self):
+        self.replays += 1
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """``capture`` returns a FakeGraph (and the call's result); the eager timer reports the
+    function it was given and 12 samples; synchronize is a no-op."""
+    state = {"graph": FakeGraph(), "timed": [], "capture_error": None}
+
+    def capture(fn):
+        if state["capture_error"] is not None:
+            raise state["capture_error"]
+        return state["graph"], fn()
+
+    def eager(fn, warmup_ms, rep_ms, min_reps):
+        state["timed"].append(fn)
+        return [1.0] * max(min_reps, 12)
+
+    monkeypatch.setattr(timing, "capture", capture)
+    monkeypatch.setattr(timing, "_eager_samples", eager)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    return state
+
+
+def test_graph_timing_replays_the_captured_call_and_checks_its_output(fake_cuda):
+    seen = []
+    samples, how = timing.kernel_samples(lambda: "D", CUDA, min_reps=20,
+                                         verify=lambda d: seen.append(d))
+    assert how == "graph" and len(samples) == 20
+    assert seen == ["D"] and fake_cuda["graph"].replays == 1  # replayed once, then verified
+    assert fake_cuda["timed"] == [fake_cuda["graph"].replay]  # the replay is what is timed
+
+
+def test_a_wrong_graph_output_raises(fake_cuda):
+    with pytest.raises(ValueError, match="graph's replay gave a wrong result: off by one"):
+        timing.kernel_samples(lambda: "D", CUDA, verify=lambda d: "off by one")
+    assert fake_cuda["timed"] == []
+
+
+def test_a_call_that_cannot_be_captured_is_timed_eagerly_and_says_why(fake_cuda):
+    fake_cuda["capture_error"] = RuntimeError("operation not permitted when stream is\n"
+                                              "capturing")
+
+    def call():
+        return "D"
+    samples, how = timing.kernel_samples(call, CUDA)
+    assert how == "eager: RuntimeError: operation not permitted when stream is capturing"
+    assert fake_cuda["timed"] == [call] and len(samples) >= 10
+
+
+def test_eager_timing_on_request(fake_cuda):
+    def call():
+        return "D"
+    samples, how = timing.kernel_samples(call, CUDA, timing="eager")
+    assert how == "eager" and fake_cuda["timed"] == [call]
+    assert fake_cuda["graph"].replays == 0
+    with pytest.raises(ValueError, match="timing must be one of graph, eager; got 'warm'"):
+        timing.kernel_samples(call, CUDA, timing="warm")
+
+
+def test_cpu_samples_are_measured_and_at_least_min_reps():
+    calls = []
+    samples, how = timing.kernel_samples(lambda: calls.append(1), torch.device("cpu"),
+                                         rep_ms=1, min_reps=25)
+    assert how == "cpu" and len(samples) >= 25 and all(s > 0 for s in samples)
+    assert len(calls) >= len(samples)  # every sample is a block of real calls
+    assert len(timing.call_samples(lambda: None, torch.device("cpu"), rep_ms=1,
+                                   min_reps=7)) >= 7
+
+
+@pytest.mark.skipif(HAS_GPU, reason="the CPU run of the overhead benchmark")
+def test_overhead_benchmark_end_to_end_on_cpu(tmp_path):
+    from test_bench import gemmlab
+
+    result = gemmlab("bench", "--overhead", "--backends", "cublas,torch_unfused,triton_fused",
+                     "--dtypes", "fp32", "--shapes", "16", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "gemm() host overhead" in result.stdout
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert [r["backend"] for r in rows] == ["cublas", "torch_unfused", "triton_fused"]
+    for r in rows:
+        assert r["ok"] and (r["M"], r["N"], r["K"]) == (16, 16, 16)
+        assert r["wrapped_us"] > 0 and r["gemm_us"] > 0 and r["untuned_us"] > 0
+        assert r["added_us"] == pytest.approx(r["gemm_us"] - r["wrapped_us"])
+    assert rows[0]["tuned_us"] is None  # cublas has nothing to tune
+    assert rows[2]["tuned_us"] == pytest.approx(rows[2]["gemm_us"] - rows[2]["untuned_us"])
+    assert (tmp_path / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_overhead_rows_fail_when_a_call_is_wrong(monkeypatch):
+    def wrong(name, p, a, b, c, d):
+        return lambda: torch.zeros_like(d)
+    monkeypatch.setattr(overhead_bench, "_wrapped", wrong)
+    row = overhead_bench.measure("cublas", "fp32", torch.device("cpu"), (8, 8, 8), rounds=1,
+                                 number=1)
+    assert not row["ok"] and row["gemm_us"] is None
+    assert "wrapped call: relative error" in row["error"]
+
+
+def test_targets_missed_names_each_target():
+    row = {"backend": "triton_fused", "added_us": 3.5, "gemm_us": 16.0, "tuned_us": 1.5}
+    assert overhead_bench.targets_missed(row) == [
+        "adds 3.5 > 3 µs", "gemm() 16.0 > 15 µs", "tuned look-up 1.5 > 1 µs"]
+    row = {"backend": "cuda_mma", "added_us": 2.0, "gemm_us": 11.0, "tuned_us": 0.2}
+    assert overhead_bench.targets_missed(row) == []
+    row = {"backend": "cublas", "added_us": 2.9, "gemm_us": 30.0, "tuned_us": None}
+    assert overhead_bench.targets_missed(row) == []
