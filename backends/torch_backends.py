@@ -31,11 +31,17 @@ def fp32_precision(allow_tf32: bool):
 
 def with_precision(p: Problem, launch: Launch) -> Launch:
     """``launch`` run under ``p``'s fp32 precision for fp32 CUDA problems (the setting is
-    global state, so it is touched only where it matters); ``launch`` itself otherwise."""
+    global state, so it is touched only where it matters, and changed only when it differs:
+    reading it costs less than setting it); ``launch`` itself otherwise."""
     if p.device.type != "cuda" or p.dtype != torch.float32:
         return launch
+    matmul = torch.backends.cuda.matmul
+    wanted = "tf32" if p.allow_tf32 else "ieee"
 
     def precise(a, b, c, out):
+        now = matmul.fp32_precision
+        if (torch.backends.fp32_precision if now == "none" else now) == wanted:  # inherited
+            return launch(a, b, c, out)
         with fp32_precision(p.allow_tf32):
             return launch(a, b, c, out)
 

@@ -197,7 +197,8 @@ def fused_gemm_persistent_kernel(a_desc, b_desc, c_desc, d_desc, M, N, K,
 
 def _prune(configs, named_args, **kwargs):
     """Keep the config list that matches the operand type (tensor cores or FMA units)."""
-    ieee_fp32 = named_args["a_ptr"].dtype == torch.float32 and kwargs["INPUT_PRECISION"] == "ieee"
+    precision = {**named_args, **kwargs}["INPUT_PRECISION"]  # passed by position or name
+    ieee_fp32 = named_args["a_ptr"].dtype == torch.float32 and precision == "ieee"
     wanted = CONFIGS_FP32 if ieee_fp32 else CONFIGS_16BIT
     return [c for c in configs if c in wanted]
 
@@ -400,9 +401,13 @@ def bind(p: Problem, config: triton.Config | None = None) -> Launch:
         if not INTERPRETED:
             compiled[:] = kernel, grid, make_args
 
+    # Triton's own way to ask (its launch asks the same); never asked under the interpreter.
+    current_device = (triton.runtime.driver.active.get_current_device
+                      if p.device.type == "cuda" else None)
+
     def launch(a, b, c, out):
         out = p.output(out)
-        if not compiled or torch.cuda.current_device() != device:
+        if not compiled or current_device() != device:
             with torch.cuda.device(device) if a.is_cuda else contextlib.nullcontext():
                 first(a, b, c, out)
         else:

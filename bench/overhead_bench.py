@@ -7,9 +7,10 @@ a NaN-poisoned output:
 - ``wrapped_us``: the library call the backend makes, set up once by hand and then only
   called, a new D each call as ``gemm()`` gives: ``torch.addmm(c, a, b).relu_()`` for
   cublas; the planned nvmath ``Matmul``'s ``execute`` for cublaslt; the compiled function
-  for torch_compile; the expression for torch_unfused; ``torch.empty`` for D and CuPy's
-  ``Function`` launch with its arguments built per call for the CUDA C kernels (the tensor
-  maps of cuda_wgmma encoded beforehand); ``torch.empty`` and Triton's own
+  for torch_compile; the expression for torch_unfused; ``torch.empty`` for D and the
+  driver's ``cuLaunchKernel`` (CuPy's binding) with a prebuilt ``KernelArgs`` buffer for
+  the CUDA C kernels (the tensor maps of cuda_wgmma encoded beforehand); ``torch.empty``
+  and Triton's own
   ``CompiledKernel[grid](*args)`` launch of the compiled kernel for triton_fused.
 - ``gemm_us``: ``backends.gemm(a, b, c, activation="relu", backend=...)``, tuned (the
   default), after its first call has bound the signature.
@@ -87,28 +88,26 @@ def _wrapped(name: str, p: Problem, a, b, c, d) -> Callable[[], object]:
 
 
 def _wrapped_cuda(kernel, p: Problem, a, b, c, d) -> Callable[[], object]:
-    import cupy
+    from cupy.cuda import driver
 
-    from backends.cuda import cupy_stream, tma
+    from backends.cuda import KernelArgs, tma
 
-    device = a.device.index
-    function, smem = kernel.compiled(p.dtype, device)
-    scalars = (cupy.int32(p.m), cupy.int32(p.n), cupy.int32(p.k), cupy.int64(p.n),
-               cupy.int32(p.relu))
+    function, smem = kernel.compiled(p.dtype, a.device.index)
     extra = ()
     if kernel.tma:
         maps = tma.gemm_maps(a, b, p.k, p.n, kernel.params["BLOCK_M"], kernel.params["BLOCK_K"])
         extra = (maps.data_ptr(),)
-    stream = cupy_stream(torch.cuda.current_stream().cuda_stream, device)
-    grid, threads = kernel.grid(p.m, p.n), kernel.threads
+    args = KernelArgs([0, 0, 0, 0, p.m, p.n, p.k, p.n, int(p.relu), *extra])
+    stream = torch.cuda.current_stream().cuda_stream
+    (gx, gy), (tx, ty) = kernel.grid(p.m, p.n), kernel.threads
 
-    def cupy_launch():
+    def driver_launch():
         out = torch.empty_like(d)
-        function(grid, threads, (a.data_ptr(), b.data_ptr(), c.data_ptr(), out.data_ptr(),
-                                 *scalars, *extra), shared_mem=smem, stream=stream)
+        args.set_pointers((a.data_ptr(), b.data_ptr(), c.data_ptr(), out.data_ptr(), *extra))
+        driver.launchKernel(function.ptr, gx, gy, 1, tx, ty, 1, smem, stream, args.address, 0)
         return out
 
-    return cupy_launch
+    return driver_launch
 
 
 def _host_us(fn: Callable[[], object], number: int, device: torch.device) -> float:

@@ -30,10 +30,12 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import ctypes
 import functools
 import os
 import shutil
-import warnings
+import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -116,8 +118,9 @@ class CudaKernel:
         (N,)) and ``out`` (None or (M, N)) of ``p``'s dtype on ``p``'s device (``gemm()`` has
         checked all of that) and returns D. Everything that depends only on ``p`` is done
         here, once: compiling, the grid, the scalar arguments. A launch passes the pointers as
-        integers (no copy; the launcher never owns the memory) through CuPy, or through
-        PyCUDA inside ``use_launcher("pycuda")``.
+        integers (no copy; the launcher never owns the memory) to the CUDA driver's
+        ``cuLaunchKernel`` (through CuPy's binding, with a ``KernelArgs`` buffer built here),
+        or through PyCUDA inside ``use_launcher("pycuda")``.
 
         Raises:
             ValueError: M needs more than 65535 thread blocks along gridDim.y.
@@ -133,41 +136,70 @@ class CudaKernel:
         if self.tma and (why := sm90a_unavailable_reason(device)) is not None:
             raise RuntimeError(f"{self.name}: {why}")
         import cupy
+        from cupy.cuda import driver, runtime
 
         function, smem = self.compiled(p.dtype, device)
         ldc = 0 if p.c != "full" else n
-        scalars = (cupy.int32(m), cupy.int32(n), cupy.int32(k), cupy.int64(ldc),
-                   cupy.int32(p.relu))
-        threads = self.threads
+        args = KernelArgs([0, 0, 0, 0, m, n, k, ldc, int(p.relu), *([0] if self.tma else [])])
+        (tx, ty), lock = self.threads, threading.Lock()
 
         def launch(a, b, c, out):
             out = p.output(out)
-            extra = ()
             if self.tma:
                 from . import tma
 
                 a, b = tma.operands(a, b)
-                extra = (tma.gemm_maps(a, b, k, n, self.params["BLOCK_M"],
-                                       self.params["BLOCK_K"]).data_ptr(),)
+                maps = tma.gemm_maps(a, b, k, n, self.params["BLOCK_M"], self.params["BLOCK_K"])
             pointers = (a.data_ptr(), b.data_ptr(), 0 if c is None else c.data_ptr(),
-                        out.data_ptr())
+                        out.data_ptr(), *((maps.data_ptr(),) if self.tma else ()))
             if _LAUNCHER.get() == "pycuda":
                 from .pycuda_launch import launch as pycuda_launch
 
                 pycuda_launch(self, p.dtype, device, grid,
-                              (*pointers, m, n, k, ldc, int(p.relu), *extra))
+                              (*pointers[:4], m, n, k, ldc, int(p.relu), *pointers[4:]))
                 return out
-            stream = cupy_stream(torch._C._cuda_getCurrentRawStream(device), device)
-            if torch.cuda.current_device() == device:
-                function(grid, threads, (*pointers, *scalars, *extra), shared_mem=smem,
-                         stream=stream)
-            else:
-                with cupy.cuda.Device(device):
-                    function(grid, threads, (*pointers, *scalars, *extra), shared_mem=smem,
-                             stream=stream)
+            stream = torch._C._cuda_getCurrentRawStream(device)
+            with lock:  # the buffer is shared by every call of this binding
+                args.set_pointers(pointers)
+                if runtime.getDevice() == device:
+                    driver.launchKernel(function.ptr, grid[0], grid[1], 1, tx, ty, 1, smem,
+                                        stream, args.address, 0)
+                else:
+                    with cupy.cuda.Device(device):
+                        driver.launchKernel(function.ptr, grid[0], grid[1], 1, tx, ty, 1, smem,
+                                            stream, args.address, 0)
             return out
 
         return launch
+
+
+class KernelArgs:
+    """The parameter array ``cuLaunchKernel`` reads a launch's arguments through: one 8-byte
+    slot per kernel parameter, in order, and the array of the slots' addresses (CUDA driver
+    API, "Execution Control"). Pointers and ``long long`` fill a slot; an ``int`` is read
+    from its first 4 bytes, which on a little-endian host (x86-64, aarch64) hold the value.
+    Built once per binding: a launch rewrites only the pointer slots, so passing the
+    arguments costs no Python objects (CuPy's own launch builds one per argument).
+
+    Args:
+        values: every parameter's value (ints: pointers as addresses, the rest as themselves;
+            non-negative).
+    """
+
+    def __init__(self, values: list[int]):
+        if sys.byteorder != "little":
+            raise RuntimeError("KernelArgs packs int parameters for little-endian hosts")
+        self.slots = (ctypes.c_uint64 * len(values))(*values)
+        base = ctypes.addressof(self.slots)
+        self.argv = (ctypes.c_void_p * len(values))(*(base + 8 * i for i in range(len(values))))
+        self.address = ctypes.addressof(self.argv)
+
+    def set_pointers(self, pointers: tuple[int, ...]) -> None:
+        """Write the pointer parameters (A, B, C, D, then any after the scalars)."""
+        slots = self.slots
+        slots[0], slots[1], slots[2], slots[3] = pointers[:4]
+        if len(pointers) > 4:  # the tensor maps' buffer, after the five scalars
+            slots[9] = pointers[4]
 
 
 LAUNCHERS = ("cupy", "pycuda")
@@ -271,16 +303,3 @@ def _compiled(source: str, name: str, defines: tuple[str, ...], device: int, arc
                                     memptr=module.get_global("gemm_dynamic_smem")).get()[0])
             function.max_dynamic_shared_size_bytes = smem
         return function, smem
-
-
-@functools.cache
-def cupy_stream(ptr: int, device: int):
-    """CuPy's view of a torch stream (its raw handle, as Triton reads it), so CuPy launches
-    stay in torch's stream order."""
-    import cupy
-
-    # CuPy 14 deprecates ExternalStream for Stream.from_external; CuPy 13 (the cuda12
-    # extra) has only ExternalStream, which both accept.
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        return cupy.cuda.ExternalStream(ptr, device)
