@@ -76,7 +76,8 @@ def _wrapped(name: str, p: Problem, a, b, c, d) -> Callable[[], object]:
             return lambda: launch(a, b, c, d)
         kernel, grid, make_args = launch.compiled
         args = list(make_args(a, b, c, d))
-        where = args.index(d)  # D's place: a new D per call, as gemm() makes
+        where = next(i for i, arg in enumerate(args) if arg is d)  # D's place: a new D per
+        # call, as gemm() makes
 
         def triton_launch():
             args[where] = out = torch.empty_like(d)
@@ -93,6 +94,7 @@ def _wrapped_cuda(kernel, p: Problem, a, b, c, d) -> Callable[[], object]:
     from backends.cuda import KernelArgs, tma
 
     function, smem = kernel.compiled(p.dtype, a.device.index)
+    handle = function.kernel.ptr
     extra = ()
     if kernel.tma:
         maps = tma.gemm_maps(a, b, p.k, p.n, kernel.params["BLOCK_M"], kernel.params["BLOCK_K"])
@@ -104,7 +106,7 @@ def _wrapped_cuda(kernel, p: Problem, a, b, c, d) -> Callable[[], object]:
     def driver_launch():
         out = torch.empty_like(d)
         args.set_pointers((a.data_ptr(), b.data_ptr(), c.data_ptr(), out.data_ptr(), *extra))
-        driver.launchKernel(function.ptr, gx, gy, 1, tx, ty, 1, smem, stream, args.address, 0)
+        driver.launchKernel(handle, gx, gy, 1, tx, ty, 1, smem, stream, args.address, 0)
         return out
 
     return driver_launch

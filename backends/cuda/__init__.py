@@ -139,6 +139,7 @@ class CudaKernel:
         from cupy.cuda import driver, runtime
 
         function, smem = self.compiled(p.dtype, device)
+        handle = function.kernel.ptr  # the CUfunction of CuPy's RawKernel on this device
         ldc = 0 if p.c != "full" else n
         args = KernelArgs([0, 0, 0, 0, m, n, k, ldc, int(p.relu), *([0] if self.tma else [])])
         (tx, ty), lock = self.threads, threading.Lock()
@@ -162,11 +163,11 @@ class CudaKernel:
             with lock:  # the buffer is shared by every call of this binding
                 args.set_pointers(pointers)
                 if runtime.getDevice() == device:
-                    driver.launchKernel(function.ptr, grid[0], grid[1], 1, tx, ty, 1, smem,
-                                        stream, args.address, 0)
+                    driver.launchKernel(handle, grid[0], grid[1], 1, tx, ty, 1, smem, stream,
+                                        args.address, 0)
                 else:
                     with cupy.cuda.Device(device):
-                        driver.launchKernel(function.ptr, grid[0], grid[1], 1, tx, ty, 1, smem,
+                        driver.launchKernel(handle, grid[0], grid[1], 1, tx, ty, 1, smem,
                                             stream, args.address, 0)
             return out
 
