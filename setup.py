@@ -21,8 +21,9 @@ setup(
         "matplotlib",
     ],
     extras_require={
-        "cuda12": ["cupy-cuda12x>=13"],
-        "cuda13": ["cupy-cuda13x>=13"],
+        # nvmath-python: the cublaslt baseline (cuBLASLt's fused epilogues)
+        "cuda12": ["cupy-cuda12x>=13", "nvmath-python[cu12]>=1.0"],
+        "cuda13": ["cupy-cuda13x>=13", "nvmath-python[cu13]>=1.0"],
         "pycuda": ["pycuda"],
         "mpi": ["mpi4py>=4", "mpich"],
         "dev": ["pytest>=8", "pytest-timeout", "hypothesis", "ruff"],

@@ -1,8 +1,9 @@
 """The GEMM kernel ladder behind one interface: ``gemm(a, b, c, activation=..., backend=...)``.
 
 D = act(A @ B + C) with A (M, K), B (K, N), C (M, N) or a length-N bias, on torch tensors.
-Backends, in ladder order: ``cublas`` (the baseline), ``torch_unfused``, ``cuda_naive``,
-``cuda_smem``, ``cuda_regblock`` (raw CUDA C through CuPy) and ``triton_fused``.
+Backends, in registry order: the baselines ``cublas``, ``cublaslt``, ``torch_compile``,
+``torch_unfused``; the raw CUDA C ladder ``cuda_naive`` ... ``cuda_wgmma``; ``triton_fused``
+(``BACKENDS`` lists them all).
 ``available()`` says which run on this machine and why the others don't;
 ``reference()`` is the float64 result every backend is checked against.
 """

@@ -19,13 +19,18 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 @contextlib.contextmanager
 def fp32_precision(allow_tf32: bool):
-    """torch's fp32 CUDA matmul precision set to TF32 or IEEE inside, then restored."""
+    """torch's fp32 matmul precision set to TF32 (``"high"``) or IEEE (``"highest"``) inside,
+    then restored. Set through ``torch.set_float32_matmul_precision``, which keeps the
+    per-backend setting (``torch.backends.cuda.matmul.fp32_precision``) and the global one
+    consistent: Inductor reads the global one and refuses a mix of the two APIs (PyTorch's
+    "TensorFloat-32 (TF32) on Ampere (and later) devices" notes)."""
     matmul = torch.backends.cuda.matmul
-    saved = matmul.fp32_precision
-    matmul.fp32_precision = "tf32" if allow_tf32 else "ieee"
+    saved, legacy = matmul.fp32_precision, torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high" if allow_tf32 else "highest")
     try:
         yield
     finally:
+        torch.set_float32_matmul_precision(legacy)
         matmul.fp32_precision = saved
 
 

@@ -1,7 +1,7 @@
 """NVTX ranges in gemmlab's one domain, and names for CUDA streams.
 
-Every measured call runs inside ``annotate(name)``, a push/pop range in the domain ``gemmlab``
-named after what it is, so a profiler can select exactly it:
+Every measured call runs inside a push/pop range in the domain ``gemmlab`` (``push``/``pop``,
+or ``with annotate(name)``) named after what it is, so a profiler can select exactly it:
 
 - a backend call: the backend's name (``cuda_regblock``);
 - a collective: ``<communicator> <operation>`` (``nccl all_reduce``, ``ring/mpi all_gather``);

@@ -214,3 +214,39 @@ def test_random_shapes_match_float64_on_every_running_backend(m, n, k, c_kind, a
     for backend in RUNNING:
         d = gemm(a, b, c, activation=activation, backend=backend)
         assert_matches_reference(d, a, b, c, activation)
+
+
+def test_fp32_precision_is_set_through_one_api_and_restored():
+    """Inductor reads the global matmul precision and refuses a mix of the per-backend and
+    global APIs; the context sets both consistently and puts both back."""
+    from backends.torch_backends import fp32_precision
+
+    matmul = torch.backends.cuda.matmul
+    before = matmul.fp32_precision, torch.get_float32_matmul_precision()
+    with fp32_precision(True):
+        assert (matmul.fp32_precision, torch.get_float32_matmul_precision()) == ("tf32", "high")
+    with fp32_precision(False):
+        assert (matmul.fp32_precision, torch.get_float32_matmul_precision()) == (
+            "ieee", "highest")
+    assert (matmul.fp32_precision, torch.get_float32_matmul_precision()) == before
+
+
+@pytest.mark.skipif(HAS_GPU, reason="checks the no-GPU report")
+def test_cublaslt_says_why_it_cannot_run_without_a_gpu(rng):
+    status = {s.name: s for s in backends.available()}["cublaslt"]
+    assert not status.runs and status.reason == "no CUDA GPU visible to torch"
+    a, b, c = random_inputs(4, 4, 4, generator=rng)
+    with pytest.raises(BackendUnavailableError, match="'cublaslt' cannot run here: no CUDA GPU"):
+        gemm(a, b, c, backend="cublaslt")
+
+
+def test_torch_compile_reports_its_compile_time_and_reuses_it(rng):
+    """The CPU functional check of torch_compile (Inductor's C++ path): every epilogue is
+    checked above; here, one problem compiles once and its time is reported, not redone."""
+    a, b, c = random_inputs(21, 13, 11, device=DEVICE, generator=rng)
+    gemm(a, b, c, activation="relu", backend="torch_compile")
+    first = backends.BACKENDS["torch_compile"].config()
+    d = gemm(a, b, c, activation="relu", backend="torch_compile")
+    assert_matches_reference(d, a, b, c, "relu")
+    assert "max-autotune-no-cudagraphs" in first and "compiled in" in first
+    assert backends.BACKENDS["torch_compile"].config() == first  # no second compile

@@ -1,0 +1,233 @@
+"""Generate the README's result tables from committed ``results.json`` files, so they cannot drift.
+
+A generated region in a markdown file looks like::
+
+    <!-- gemmlab:table ladder bench/results/h200-ladder -->
+    ...generated markdown, replaced by this script...
+    <!-- /gemmlab:table -->
+
+The opening marker names a table kind (``ladder``, ``launch``, ``overhead`` or ``resources``)
+and a results directory, relative to the repository root (or absolute); the table is
+rendered from ``<dir>/results.json`` and replaces the text between the markers, which stay.
+
+    python3 -m bench.readme_tables [--check] [README]
+
+rewrites README (default: the repository's ``README.md``) in place and prints the regions it
+updated; ``--check`` changes nothing, prints the stale regions and exits 1 if there are any.
+An unknown kind, a missing results file or an unclosed marker is an error (exit 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from .gemm_bench import FORMULAS, LAUNCH_BOUND
+
+REPO = Path(__file__).resolve().parent.parent
+
+OPEN = re.compile(r"<!--\s*gemmlab:table\s+(\S+)\s+(\S+)\s*-->")
+CLOSE = re.compile(r"<!--\s*/gemmlab:table\s*-->")
+# An opening marker, then anything up to the first closing marker that holds no other marker.
+REGION = re.compile(OPEN.pattern + r"((?:(?!<!--\s*/?gemmlab:table).)*?)" + CLOSE.pattern,
+                    re.DOTALL)
+
+LEGEND = (f"e: timed eagerly (no CUDA graph); †: launch-bound (call time > "
+          f"{1 + LAUNCH_BOUND:.1f} x kernel time).")
+
+
+class TableError(Exception):
+    """A README region or results file that cannot be rendered."""
+
+
+def _load(directory: str) -> dict:
+    path = Path(directory)
+    path = (path if path.is_absolute() else REPO / path) / "results.json"
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise TableError(f"no results file {path}") from None
+    except json.JSONDecodeError as exc:
+        raise TableError(f"{path} is not valid JSON: {exc}") from None
+
+
+def _provenance(directory: str, meta: dict) -> str:
+    def get(key: str) -> str:
+        value = meta.get(key)
+        return "?" if value is None else str(value)
+
+    return (f"Source: `{directory}/results.json`, commit `{get('git_commit')[:7]}`, "
+            f"{get('gpu')}, torch {get('torch')}, Triton {get('triton')}; "
+            f"command: `{get('command')}`.")
+
+
+def _shape(row: dict) -> str:
+    m, n, k = row["M"], row["N"], row["K"]
+    return f"{m}³" if m == n == k else f"{m}×{n}×{k}"
+
+
+def _table(header: list[str], aligns: str, rows: list[list[str]]) -> str:
+    """A markdown table; ``aligns`` holds one ``l`` or ``r`` per column."""
+    lines = [header, ["---" if a == "l" else "---:" for a in aligns], *rows]
+    return "\n".join("| " + " | ".join(cells) + " |" for cells in lines)
+
+
+def _us(ms: float | None) -> str:
+    return "-" if ms is None else f"{ms * 1000:.1f}"
+
+
+def _ladder_cell(row: dict) -> str:
+    if not row["ok"]:
+        return "FAIL"
+    if row.get("tflops") is None:
+        return "-"
+    extras = []
+    if row.get("pct_best_cublas") is not None:
+        extras.append(f"{row['pct_best_cublas']:.0f}%")
+    if row.get("x_torch_compile") is not None:
+        extras.append(f"{row['x_torch_compile']:.2f}x")
+    cell = f"{row['tflops']:.1f}" + (f" ({'; '.join(extras)})" if extras else "")
+    if (row.get("timing") or "").startswith("eager"):
+        cell += " e"
+    if row.get("launch_bound"):
+        cell += " †"
+    return cell
+
+
+def ladder_table(directory: str, data: dict) -> str:
+    """TFLOP/s per backend and shape, one table per (dtype, epilogue) group."""
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for row in data["rows"]:
+        groups.setdefault((row["dtype"], row["epilogue"]), []).append(row)
+    parts = []
+    for (dtype, epilogue), rows in groups.items():
+        shapes = list(dict.fromkeys(_shape(r) for r in rows))
+        backends = list(dict.fromkeys(r["backend"] for r in rows))
+        cells: dict[tuple[str, str], str] = {}
+        for r in rows:
+            cells.setdefault((r["backend"], _shape(r)), _ladder_cell(r))
+        body = [[f"`{b}`", *(cells.get((b, s), "-") for s in shapes)] for b in backends]
+        parts.append(f"**{dtype}, {FORMULAS.get(epilogue, epilogue)}** — TFLOP/s from kernel "
+                     "time (% of the best cuBLAS; x torch.compile)\n\n"
+                     + _table(["backend", *shapes], "l" + "r" * len(shapes), body))
+    parts += [LEGEND, _provenance(directory, data.get("meta", {}))]
+    return "\n\n".join(parts)
+
+
+def launch_table(directory: str, data: dict) -> str:
+    """Call time vs kernel time for the launch-bound rows of a ladder run."""
+    body = []
+    for r in data["rows"]:
+        kernel, call = r.get("kernel_ms"), r.get("call_ms")
+        if kernel is None or call is None or not r.get("launch_bound"):
+            continue
+        body.append([f"`{r['backend']}`", r["dtype"], FORMULAS.get(r["epilogue"], r["epilogue"]),
+                     _shape(r), _us(kernel), _us(call), _us(call - kernel), "yes"])
+    header = ["backend", "dtype", "D =", "shape", "kernel µs", "call µs", "host µs",
+              "launch-bound"]
+    table = _table(header, "llllrrrl", body) if body else "No row was launch-bound."
+    return table + "\n\n" + _provenance(directory, data.get("meta", {}))
+
+
+def overhead_table(directory: str, data: dict) -> str:
+    """What ``gemm()`` adds over the wrapped library call, per backend."""
+    body = []
+    for r in data["rows"]:
+        keys = ("wrapped_us", "gemm_us", "added_us", "tuned_us")
+        if r["ok"]:
+            values = ["-" if r.get(k) is None else f"{r[k]:.1f}" for k in keys]
+        else:
+            values = ["FAIL", "-", "-", "-"]
+        body.append([f"`{r['backend']}`", r["dtype"], _shape(r), *values])
+    header = ["backend", "dtype", "shape", "wrapped call µs", "gemm() µs", "added µs",
+              "tuned look-up µs"]
+    return (_table(header, "lllrrrr", body) + "\n\n"
+            + _provenance(directory, data.get("meta", {})))
+
+
+def resources_table(directory: str, data: dict) -> str:
+    """Registers, shared and local memory, threads and occupancy of each CUDA C kernel and
+    dtype (its configuration with the best TFLOP/s in the run), from ``--resources``."""
+    best: dict[tuple[str, str], dict] = {}
+    for r in data.get("resources", []):
+        key = r["backend"], r["dtype"]
+        if key not in best or (r["best_tflops"] or 0) > (best[key]["best_tflops"] or 0):
+            best[key] = r
+    body = [[f"`{r['backend']}`", r["dtype"], str(r["registers"]), str(r["static_smem"]),
+             str(r["dynamic_smem"]), str(r["local_bytes"]), str(r["threads"]),
+             str(r["blocks_per_sm"]), f"{r['occupancy']:.0%}",
+             "-" if r["best_tflops"] is None else f"{r['best_tflops']:.1f}"]
+            for r in best.values()]
+    header = ["kernel", "dtype", "regs/thread", "static smem (B)", "dynamic smem (B)",
+              "local (B)", "threads", "blocks/SM", "occupancy", "best TFLOP/s"]
+    return (_table(header, "llrrrrrrrr", body) + "\n\n"
+            + _provenance(directory, data.get("meta", {})))
+
+
+KINDS: dict[str, Callable[[str, dict], str]] = {
+    "ladder": ladder_table, "launch": launch_table, "overhead": overhead_table,
+    "resources": resources_table}
+
+
+def render(kind: str, directory: str) -> str:
+    """The markdown for one region: table ``kind`` from ``<directory>/results.json``."""
+    if kind not in KINDS:
+        raise TableError(f"unknown table kind {kind!r} (known: {', '.join(KINDS)})")
+    return KINDS[kind](directory, _load(directory))
+
+
+def update(text: str) -> tuple[str, list[str]]:
+    """``text`` with every region regenerated, and the names (``kind dir``) of those that
+    changed."""
+    for match in OPEN.finditer(text):
+        if not REGION.match(text, match.start()):
+            line = text.count("\n", 0, match.start()) + 1
+            raise TableError(f"line {line}: {match.group(0)} has no closing marker")
+    regions = list(REGION.finditer(text))
+    if len(CLOSE.findall(text)) != len(regions):
+        raise TableError("a closing <!-- /gemmlab:table --> marker has no opening marker")
+    changed = []
+    pieces, end = [], 0
+    for match in regions:
+        kind, directory, old = match.group(1), match.group(2), match.group(3)
+        new = "\n" + render(kind, directory) + "\n"
+        if new != old:
+            changed.append(f"{kind} {directory}")
+        pieces += [text[end:match.start(3)], new]
+        end = match.end(3)
+    return "".join(pieces) + text[end:], changed
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Regenerate (or with ``--check``, verify) the tables of a README; returns the exit code."""
+    parser = argparse.ArgumentParser(prog="python3 -m bench.readme_tables",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true",
+                        help="change nothing; exit 1 if any region is stale")
+    parser.add_argument("readme", nargs="?", default=str(REPO / "README.md"),
+                        help="markdown file to update (default: the repository's README.md)")
+    args = parser.parse_args(argv)
+    path = Path(args.readme)
+    try:
+        text = path.read_text(encoding="utf-8")
+        new_text, changed = update(text)
+    except (OSError, TableError) as exc:
+        print(f"error: {exc}")
+        return 2
+    if args.check:
+        for name in changed:
+            print(f"stale: {name}")
+        return 1 if changed else 0
+    if new_text != text:
+        path.write_text(new_text, encoding="utf-8")
+    for name in changed:
+        print(f"updated: {name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,199 @@
+"""README tables generated from results.json files (bench.readme_tables); CPU only."""
+
+import json
+
+import pytest
+
+from bench import readme_tables as rt
+
+META = {"git_commit": "0123456789abcdef", "gpu": "NVIDIA H200", "torch": "2.11.0",
+        "triton": "3.6.0", "command": "gemmlab bench --out x"}
+
+
+def ladder_row(backend, dtype="fp16", epilogue="relu_c", shape=(1024, 1024, 1024), **kw):
+    m, n, k = shape
+    row = {"backend": backend, "dtype": dtype, "epilogue": epilogue, "M": m, "N": n, "K": k,
+           "ok": True, "tflops": None, "kernel_ms": None, "call_ms": None,
+           "launch_bound": None, "timing": "graph", "pct_best_cublas": None,
+           "best_cublas": None, "x_torch_compile": None}
+    row.update(kw)
+    return row
+
+
+def write(tmp_path, name, rows, meta=META):
+    directory = tmp_path / name
+    directory.mkdir()
+    (directory / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}))
+    return str(directory)
+
+
+LADDER_ROWS = [
+    ladder_row("cublas", tflops=642.14, pct_best_cublas=99.4, x_torch_compile=1.046,
+               kernel_ms=0.5, call_ms=0.51, launch_bound=False),
+    ladder_row("triton_fused", tflops=600.06, pct_best_cublas=93.2, timing="eager: no graph",
+               kernel_ms=0.01, call_ms=0.0325, launch_bound=True),
+    ladder_row("cublas", shape=(8192, 8192, 1024), tflops=700.0),
+    ladder_row("naive", ok=False),
+    ladder_row("cublas", dtype="bf16", epilogue="none", tflops=12.34, pct_best_cublas=100.0,
+               timing="eager"),
+    ladder_row("cublas", epilogue="bias", tflops=1.0, x_torch_compile=0.5),
+]
+
+
+def test_ladder_cells_groups_and_provenance(tmp_path):
+    d = write(tmp_path, "ladder", LADDER_ROWS)
+    out = rt.render("ladder", d)
+    assert out == "\n".join([
+        "**fp16, ReLU(A @ B + C)** — TFLOP/s from kernel time (% of the best cuBLAS; "
+        "x torch.compile)",
+        "",
+        "| backend | 1024³ | 8192×8192×1024 |",
+        "| --- | ---: | ---: |",
+        "| `cublas` | 642.1 (99%; 1.05x) | 700.0 |",
+        "| `triton_fused` | 600.1 (93%) e † | - |",
+        "| `naive` | FAIL | - |",
+        "",
+        "**bf16, A @ B** — TFLOP/s from kernel time (% of the best cuBLAS; x torch.compile)",
+        "",
+        "| backend | 1024³ |",
+        "| --- | ---: |",
+        "| `cublas` | 12.3 (100%) e |",
+        "",
+        "**fp16, A @ B + bias** — TFLOP/s from kernel time (% of the best cuBLAS; "
+        "x torch.compile)",
+        "",
+        "| backend | 1024³ |",
+        "| --- | ---: |",
+        "| `cublas` | 1.0 (0.50x) |",
+        "",
+        "e: timed eagerly (no CUDA graph); †: launch-bound (call time > 1.2 x kernel time).",
+        "",
+        f"Source: `{d}/results.json`, commit `0123456`, NVIDIA H200, torch 2.11.0, "
+        "Triton 3.6.0; command: `gemmlab bench --out x`.",
+    ])
+
+
+def test_relative_directory_and_missing_meta(tmp_path, monkeypatch):
+    monkeypatch.setattr(rt, "REPO", tmp_path)
+    write(tmp_path, "res", [ladder_row("cublas", tflops=1.0)], meta={"gpu": "G"})
+    out = rt.render("ladder", "res")
+    assert out.endswith("Source: `res/results.json`, commit `?`, G, torch ?, Triton ?; "
+                        "command: `?`.")
+
+
+def test_launch_table_keeps_only_launch_bound_rows(tmp_path):
+    d = write(tmp_path, "ladder", LADDER_ROWS + [
+        ladder_row("torch", dtype="fp32", epilogue="c", shape=(128, 256, 64), kernel_ms=0.002,
+                   call_ms=0.0105, launch_bound=True),
+        ladder_row("cupy", kernel_ms=None, call_ms=0.5, launch_bound=True),
+    ])
+    lines = rt.render("launch", d).split("\n")
+    assert lines[:4] == [
+        "| backend | dtype | D = | shape | kernel µs | call µs | host µs | launch-bound |",
+        "| --- | --- | --- | --- | ---: | ---: | ---: | --- |",
+        "| `triton_fused` | fp16 | ReLU(A @ B + C) | 1024³ | 10.0 | 32.5 | 22.5 | yes |",
+        "| `torch` | fp32 | A @ B + C | 128×256×64 | 2.0 | 10.5 | 8.5 | yes |",
+    ]
+    assert lines[4] == ""
+    assert lines[5].startswith("Source: ") and len(lines) == 6
+
+
+def test_launch_table_without_launch_bound_rows(tmp_path):
+    d = write(tmp_path, "ladder", [ladder_row("cublas", kernel_ms=1.0, call_ms=1.1,
+                                              launch_bound=False)])
+    assert rt.render("launch", d).split("\n")[:2] == ["No row was launch-bound.", ""]
+
+
+def test_overhead_table(tmp_path):
+    rows = [
+        {"backend": "cublas", "dtype": "fp32", "M": 128, "N": 128, "K": 128, "wrapped_us": 5.04,
+         "gemm_us": 7.26, "untuned_us": 7.0, "added_us": 2.22, "tuned_us": 0.26, "ok": True,
+         "error": ""},
+        {"backend": "cupy", "dtype": "fp16", "M": 256, "N": 128, "K": 64, "wrapped_us": 9.0,
+         "gemm_us": 10.0, "untuned_us": 10.0, "added_us": 1.0, "tuned_us": None, "ok": True,
+         "error": ""},
+        {"backend": "cutlass", "dtype": "fp32", "M": 128, "N": 128, "K": 128, "wrapped_us": None,
+         "gemm_us": None, "untuned_us": None, "added_us": None, "tuned_us": None, "ok": False,
+         "error": "boom"},
+    ]
+    d = write(tmp_path, "overhead", rows)
+    assert rt.render("overhead", d).split("\n")[:5] == [
+        "| backend | dtype | shape | wrapped call µs | gemm() µs | added µs | tuned look-up µs |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: |",
+        "| `cublas` | fp32 | 128³ | 5.0 | 7.3 | 2.2 | 0.3 |",
+        "| `cupy` | fp16 | 256×128×64 | 9.0 | 10.0 | 1.0 | - |",
+        "| `cutlass` | fp32 | 128³ | FAIL | - | - | - |",
+    ]
+
+
+def readme(ladder_dir, overhead_dir, ladder_body="old\n", overhead_body="old\n"):
+    return (f"# Title\n\nintro\n<!-- gemmlab:table ladder {ladder_dir} -->\n{ladder_body}"
+            f"<!-- /gemmlab:table -->\nmiddle\n<!-- gemmlab:table overhead {overhead_dir} -->"
+            f"\n{overhead_body}<!-- /gemmlab:table -->\nend\n")
+
+
+@pytest.fixture
+def dirs(tmp_path):
+    ladder = write(tmp_path, "ladder", LADDER_ROWS)
+    overhead = write(tmp_path, "overhead", [
+        {"backend": "cublas", "dtype": "fp32", "M": 128, "N": 128, "K": 128, "wrapped_us": 5.0,
+         "gemm_us": 7.0, "untuned_us": 7.0, "added_us": 2.0, "tuned_us": 0.0, "ok": True,
+         "error": ""}])
+    return ladder, overhead
+
+
+def test_update_replaces_only_region_content(dirs):
+    ladder, overhead = dirs
+    new, changed = rt.update(readme(ladder, overhead))
+    assert changed == [f"ladder {ladder}", f"overhead {overhead}"]
+    ladder_md, overhead_md = rt.render("ladder", ladder), rt.render("overhead", overhead)
+    assert new == readme(ladder, overhead, ladder_md + "\n", overhead_md + "\n")
+    assert rt.update(new) == (new, [])
+    # Only the stale region is reported.
+    assert rt.update(readme(ladder, overhead, ladder_md + "\n"))[1] == [f"overhead {overhead}"]
+
+
+def test_check_and_regenerate(dirs, tmp_path, capsys):
+    path = tmp_path / "README.md"
+    path.write_text(readme(*dirs), encoding="utf-8")
+    assert rt.main(["--check", str(path)]) == 1
+    assert f"ladder {dirs[0]}" in capsys.readouterr().out
+    assert path.read_text(encoding="utf-8") == readme(*dirs)  # --check changes nothing
+    assert rt.main([str(path)]) == 0
+    assert f"overhead {dirs[1]}" in capsys.readouterr().out
+    assert rt.main(["--check", str(path)]) == 0
+
+
+def test_unknown_kind_is_an_error(dirs, tmp_path, capsys):
+    path = tmp_path / "README.md"
+    path.write_text(f"<!-- gemmlab:table nope {dirs[0]} -->\n<!-- /gemmlab:table -->\n")
+    assert rt.main(["--check", str(path)]) == 2
+    out = capsys.readouterr().out
+    assert out.startswith("error: ") and "nope" in out and out.count("\n") == 1
+
+
+def test_missing_results_file_is_an_error(tmp_path, capsys):
+    path = tmp_path / "README.md"
+    path.write_text(f"<!-- gemmlab:table ladder {tmp_path / 'none'} -->\n"
+                    "<!-- /gemmlab:table -->\n")
+    assert rt.main([str(path)]) == 2
+    assert capsys.readouterr().out.startswith("error: ")
+
+
+def test_missing_closing_marker_is_an_error(dirs, tmp_path, capsys):
+    ladder, overhead = dirs
+    path = tmp_path / "README.md"
+    # The unclosed ladder marker comes before a complete region: still an error.
+    text = readme(ladder, overhead).replace("old\n<!-- /gemmlab:table -->\nmiddle", "old\n", 1)
+    path.write_text(text)
+    assert rt.main([str(path)]) == 2
+    assert capsys.readouterr().out.startswith("error: ")
+    assert path.read_text() == text
+
+
+def test_the_readme_tables_are_generated_from_the_committed_results():
+    readme = rt.REPO / "README.md"
+    text = readme.read_text(encoding="utf-8")
+    assert "<!-- gemmlab:table ladder bench/results/h200-ladder -->" in text
+    _, stale = rt.update(text)
+    assert stale == [], f"run python3 -m bench.readme_tables: stale {stale}"
