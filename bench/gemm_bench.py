@@ -23,6 +23,7 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -109,11 +110,20 @@ def random_operand(*shape, dtype: torch.dtype, device: torch.device,
     return torch.randn(shape, generator=generator, device=device).to(dtype)
 
 
+class Checked(NamedTuple):
+    """A row after its check: the call to time and how to check the D of its CUDA graph
+    (both None when the row failed)."""
+
+    row: dict
+    call: Callable[[], object] | None
+    verify: Callable[[torch.Tensor], str | None] | None
+
+
 def check(name: str, a, b, c, ref, dtype_name: str, epilogue: str,
-          launcher: str = "") -> tuple[dict, Callable[[], object] | None]:
-    """One row: ``name`` checked against ``ref`` on a poisoned output, and the call to time
-    when it passed (None otherwise). ``launcher`` (CUDA C backends only): ``"cupy"`` or
-    ``"pycuda"``; the call must then run inside ``use_launcher(launcher)``."""
+          launcher: str = "") -> Checked:
+    """One row: ``name`` checked against ``ref`` on a poisoned output. ``launcher`` (CUDA C
+    backends only): ``"cupy"`` or ``"pycuda"``; the call must then run inside
+    ``use_launcher(launcher)``."""
     tf32 = DTYPES[dtype_name][1]
     activation = EPILOGUES[epilogue][1]
     m, n, k = a.shape[0], b.shape[1], a.shape[1]
@@ -134,23 +144,21 @@ def check(name: str, a, b, c, ref, dtype_name: str, epilogue: str,
             call(out)
         except Exception as exc:  # a broken backend is a FAIL row, not the end of the sweep
             row["error"] = f"{type(exc).__name__}: {exc}"
-            return row, None
+            return Checked(row, None, None)
         err = backends.relative_error(out, ref)
         row.update(rel_err=err, ok=err <= row["tol"], config=backends.BACKENDS[name].config())
     if not row["ok"]:
-        return row, None
+        return Checked(row, None, None)
 
     def verify(d) -> str | None:
         """The graph's D against the same reference and tolerance."""
         err = backends.relative_error(d, ref)
         return None if err <= row["tol"] else f"relative error {err:.2e} > {row['tol']:.0e}"
 
-    call.verify = verify
-    return row, call
+    return Checked(row, call, verify)
 
 
-def time_rows(checked: list[tuple[dict, Callable[[], object] | None]], device: torch.device,
-              timing: Timing) -> None:
+def time_rows(checked: list[Checked], device: torch.device, timing: Timing) -> None:
     """Fill the times of every row that passed its check, timing the rows in turn
     ``timing.rounds`` times (``Timing``): ``kernel_ms`` and ``call_ms`` (medians of the
     rounds' medians, GPU only), ``ms`` (the primary: kernel time), ``timing`` (how the kernel
@@ -159,17 +167,17 @@ def time_rows(checked: list[tuple[dict, Callable[[], object] | None]], device: t
     turned into a FAIL and left untimed."""
     knobs = {"warmup_ms": timing.warmup_ms, "rep_ms": timing.rep_ms,
              "min_reps": timing.min_reps}
-    timed = [(row, call) for row, call in checked if call is not None]
+    timed = [entry for entry in checked if entry.call is not None]
     kernel: list[list[float]] = [[] for _ in timed]
     calls: list[list[float]] = [[] for _ in timed]
     for _ in range(timing.rounds):
-        for (row, call), k_times, c_times in zip(timed, kernel, calls):
+        for (row, call, verify), k_times, c_times in zip(timed, kernel, calls):
             if not row["ok"]:
                 continue
             with use_launcher(row["launcher"]) if row["launcher"] else contextlib.nullcontext():
                 try:
                     samples, how = kernel_samples(call, device, timing=timing.timing,
-                                                  verify=call.verify, **knobs)
+                                                  verify=verify, **knobs)
                 except ValueError as exc:
                     row.update(ok=False, error=str(exc))
                     continue
@@ -178,7 +186,7 @@ def time_rows(checked: list[tuple[dict, Callable[[], object] | None]], device: t
                 if device.type == "cuda":
                     c_times.append(statistics.median(call_samples(
                         call, device, rep_ms=timing.rep_ms, min_reps=timing.min_reps)))
-    for (row, _), k_times, c_times in zip(timed, kernel, calls):
+    for (row, _, _), k_times, c_times in zip(timed, kernel, calls):
         if not row["ok"]:
             continue
         ms = statistics.median(k_times)
@@ -252,7 +260,7 @@ def run_sweep(names: list[str], shapes: list[tuple[int, int, int]], dtype_names:
                         checked.append(check(name, a, b, c, ref, dtype_name, epilogue,
                                              launcher))
             time_rows(checked, device, timing)
-            rows += [row for row, _ in checked]
+            rows += [entry.row for entry in checked]
     add_ratios(rows)
     return rows
 

@@ -145,10 +145,9 @@ def _timed(name, kernel: list[float], calls: list[float] | None = None):
     """A checked row and its call; ``kernel``/``calls`` feed the fake timers per round."""
     def call():
         return name
-    call.verify = None
     call.kernel, call.calls = iter(kernel), iter(calls or [])
-    return {"backend": name, "launcher": "", "M": 2, "N": 2, "K": 2, "ok": True, "ms": None,
-            "timing": ""}, call
+    return gb.Checked({"backend": name, "launcher": "", "M": 2, "N": 2, "K": 2, "ok": True,
+                       "ms": None, "timing": ""}, call, None)
 
 
 @pytest.fixture
@@ -171,12 +170,12 @@ def fake_timers(monkeypatch):
 
 def test_rounds_take_turns_and_report_the_median(fake_timers):
     checked = [_timed("x", [3.0, 1.0, 2.0]), _timed("y", [5.0, 9.0, 7.0])]
-    checked.append(({"backend": "failed", "launcher": "", "M": 2, "N": 2, "K": 2, "ms": None,
-                     "ok": False}, None))
+    checked.append(gb.Checked({"backend": "failed", "launcher": "", "M": 2, "N": 2, "K": 2,
+                               "ms": None, "ok": False}, None, None))
     gb.time_rows(checked, torch.device("cpu"), gb.Timing(rounds=3))
     assert fake_timers == [("kernel", "x"), ("kernel", "y")] * 3  # no call time on a CPU
-    assert [row["ms"] for row, _ in checked] == [2.0, 7.0, None]
-    assert [row.get("kernel_ms") for row, _ in checked] == [2.0, 7.0, None]
+    assert [entry.row["ms"] for entry in checked] == [2.0, 7.0, None]
+    assert [entry.row.get("kernel_ms") for entry in checked] == [2.0, 7.0, None]
     assert checked[0][0]["tflops"] == pytest.approx(16 / 2e-3 / 1e12)
     assert "call_ms" not in checked[0][0] and "launch_bound" not in checked[0][0]
 
@@ -190,7 +189,7 @@ def test_kernel_and_call_times_and_the_launch_bound_mark(fake_timers, timing):
     gb.time_rows(checked, torch.device("cuda"), gb.Timing(rounds=2, timing=timing))
     assert fake_timers == [("kernel", "fast_call"), ("call", "fast_call"),
                            ("kernel", "slow_call"), ("call", "slow_call")] * 2
-    fast, slow = (row for row, _ in checked)
+    fast, slow = (entry.row for entry in checked)
     assert fast["timing"] == slow["timing"] == timing
     assert fast["ms"] == fast["kernel_ms"] == pytest.approx(1.1)
     assert fast["call_ms"] == pytest.approx(1.2)
