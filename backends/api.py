@@ -94,7 +94,9 @@ def gemm(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None, *,
     Raises:
         ValueError: unknown backend or activation; A or B not 2-D; K of A and B differ; C or
             out of the wrong shape; tensors on different devices; a device the backend does
-            not support; ``allow_tf32`` where it cannot apply; ``out`` overlapping an input;
+            not support; ``allow_tf32`` where it cannot apply; ``out`` overlapping an input
+            (by address, whatever storages hold them) or itself (a stride-0 or
+            self-overlapping view);
             an operand too large for the backend's indexing; inputs that require grad under
             autograd on a backend without a backward; with ``tuned``, a malformed tuned table
             (the message names the file) or an entry whose config the backend cannot use.
@@ -180,6 +182,18 @@ def _contiguous(launch: Launch, p: Problem, a, b, c, out) -> Launch:
     return copied
 
 
+def _self_overlapping(t: torch.Tensor) -> bool:
+    """Whether two elements of ``t`` may share an address: dimensions sorted by stride, each
+    stride must exceed the farthest offset the smaller ones reach (conservative: a layout it
+    cannot prove disjoint counts as overlapping)."""
+    reach = 0
+    for stride, size in sorted((st, sz) for sz, st in zip(t.shape, t.stride()) if sz > 1):
+        if stride <= reach:
+            return True
+        reach += stride * (size - 1)
+    return False
+
+
 def _span(t: torch.Tensor | None) -> int:
     """Bytes from ``t``'s address to the end of its last element (0 when empty)."""
     if t is None or t.numel() == 0:
@@ -246,6 +260,9 @@ def _check(impl: Backend, a, b, c, activation, out, allow_tf32) -> tuple[int, in
         shapes = {label: tuple(t.shape) for label, t in tensors.items()}
         raise ValueError(f"backend {impl.name!r} indexes at most {impl.max_numel} elements "
                          f"per operand; got shapes {_listing(shapes)}")
+    if out is not None and _self_overlapping(out):
+        raise ValueError(f"out must not overlap itself (strides {tuple(out.stride())} for shape "
+                         f"{tuple(out.shape)}: several elements of D would share memory)")
     if (not impl.differentiable and torch.is_grad_enabled()
             and any(t.requires_grad for t in (a, b, c) if t is not None)):
         raise ValueError(f"backend {impl.name!r} has no backward: call it under "

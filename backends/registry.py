@@ -123,8 +123,22 @@ def _cuda_backend(name: str, summary: str) -> Backend:
                    fused_epilogue=True, tf32=False, strided=False, differentiable=False,
                    max_numel=None,
                    unavailable=sm90a_unavailable_reason if kernel.tma else cuda_unavailable_reason,
-                   config=describe,
-                   pin=lambda params: replace(kernel, params=dict(params)))
+                   config=describe, pin=lambda params: _pin_cuda(kernel, params))
+
+
+def _positive(config: dict, fields) -> None:
+    """Raise ValueError naming the first of ``fields`` in ``config`` that is not an int >= 1
+    (a tile size of 0 would divide by zero in the grid)."""
+    for field in fields:
+        value = config[field]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{field} is {value!r}, not a positive integer")
+
+
+def _pin_cuda(kernel: CudaKernel, params: dict) -> CudaKernel:
+    """``kernel`` with a tuned entry's macros (every one a positive integer)."""
+    _positive(params, params)
+    return replace(kernel, params=dict(params))
 
 
 def _triton_backend() -> Backend:
@@ -146,6 +160,8 @@ def _triton_backend() -> Backend:
     def pin(config: dict):
         import triton
 
+        _positive(config, ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps",
+                           "num_stages"))
         tiles = {key: config[key] for key in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")}
         # Entries tuned before the persistent TMA kernel existed have no PERSISTENT: 0.
         tiles["PERSISTENT"] = config.get("PERSISTENT", 0)

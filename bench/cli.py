@@ -65,6 +65,10 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
                       f"{', '.join(backends.BACKENDS)}; dtypes: {', '.join(gb.DTYPES)}; "
                       f"epilogues: {', '.join(gb.EPILOGUES)}")
         return 2
+    if dtype_names and (why := gb.too_large(shapes, dtype_names, device, epilogues or
+                                             ("relu_c",))) is not None:
+        console.print(f"error: {why}")
+        return 2
     names = gb.runnable(names, console.print)
 
     launchers = tuple(_csv(args.launcher))

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -85,6 +86,44 @@ def parse_shape(text: str) -> tuple[int, int, int]:
     if len(dims) != 3 or min(dims) < 1:
         raise ValueError(f"shape {text!r} is not N or MxNxK with positive sizes")
     return dims[0], dims[1], dims[2]
+
+
+def needed_bytes(m: int, n: int, k: int, dtype_name: str, epilogues=("relu_c",)) -> int:
+    """Bytes one (shape, dtype) of the sweep holds at least at once: A and B, per epilogue a C
+    and its float64 reference (kept for the CUDA graph's check), the float64 copies of A and
+    B while a reference is computed, the poisoned output and a D."""
+    size = DTYPES[dtype_name][0].itemsize
+    per_epilogue = {"full": m * n * size, "bias": n * size, None: 0}
+    return (size * (m * k + k * n) + 8 * (m * k + k * n) + 2 * size * m * n
+            + sum(per_epilogue[EPILOGUES[e][0]] + 8 * m * n for e in epilogues))
+
+
+def free_bytes(device: torch.device) -> int:
+    """Memory free for tensors on ``device``: the GPU's free memory, or the host's available
+    memory (``MemAvailable`` of /proc/meminfo, else free physical pages)."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def too_large(shapes, dtype_names: list[str], device: torch.device,
+              epilogues=("relu_c",)) -> str | None:
+    """Why the largest (shape, dtype) does not fit in ``device``'s free memory, or None."""
+    need, (m, n, k), dtype_name = max(
+        (needed_bytes(*shape, d, epilogues), shape, d) for shape in shapes for d in dtype_names)
+    free = free_bytes(device)
+    if need <= free:
+        return None
+    where = "on the GPU" if device.type == "cuda" else "in host memory"
+    return (f"shape {m}x{n}x{k} {dtype_name} needs at least {need / 1e9:.1f} GB for its "
+            f"operands, outputs and float64 references; {free / 1e9:.1f} GB is free {where}")
 
 
 def runnable(names: list[str], say) -> list[str]:

@@ -499,6 +499,9 @@ def cmd_tune(args: argparse.Namespace, console: Console) -> int:
         console.print(f"error: unknown or not tunable: {', '.join(unknown)}; tunable backends: "
                       f"{', '.join(choices)}; dtypes: {', '.join(gb.DTYPES)}")
         return 2
+    if (why := gb.too_large(shapes, dtype_names, device)) is not None:
+        console.print(f"error: {why}")
+        return 2
     names = gb.runnable(names, console.print)
     path = Path(args.out) if args.out else tuning.table_path()
     if args.budget is not None:

@@ -276,3 +276,23 @@ def test_cpu_bench_says_what_gpu_only_options_need():
     assert "skipped launcher pycuda: no CUDA GPU visible to torch" in result.stdout
     assert "--resources: no GPU here" in result.stdout
     assert "--roofline: no GPU here" in result.stdout
+
+
+def test_shapes_that_do_not_fit_are_refused_before_anything_is_allocated():
+    result = gemmlab("bench", "--shapes", "160000", "--dtypes", "fp32")
+    assert result.returncode == 2, result.stdout + result.stderr
+    # per element of 160000^2: A, B and their float64 copies 2 x (4 + 8) bytes; out, D and C
+    # 3 x 4; the float64 reference 8
+    need = 160000**2 * (2 * 12 + 3 * 4 + 8) / 1e9
+    assert (f"error: shape 160000x160000x160000 fp32 needs at least {need:.1f} GB"
+            in result.stdout)
+    assert "GB is free in host memory" in result.stdout
+
+
+def test_needed_bytes_counts_every_buffer_of_a_shape():
+    m, n, k = 30, 20, 10
+    # fp16: A, B (2 B) + their float64 copies (8 B) + out and D (2 B) + per epilogue C and
+    # the float64 reference
+    base = 2 * (m * k + k * n) + 8 * (m * k + k * n) + 2 * 2 * m * n
+    assert gb.needed_bytes(m, n, k, "fp16", ("relu_c",)) == base + 2 * m * n + 8 * m * n
+    assert gb.needed_bytes(m, n, k, "fp16", ("bias", "none")) == base + 2 * n + 16 * m * n

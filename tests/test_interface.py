@@ -111,6 +111,16 @@ class TestBadInput:
         with pytest.raises(ValueError, match="out overlaps c"):
             gemm(a, b, rows[6:], backend=backend, out=rows[3:9])
 
+    def test_out_overlapping_itself_is_refused(self, backend, rng):
+        a, b, _ = random_inputs(4, 6, 5, device=DEVICE, generator=rng)
+        rows_alike = torch.zeros(6, device=DEVICE).expand(4, 6)  # every row the same memory
+        with pytest.raises(ValueError, match="out must not overlap itself"):
+            gemm(a, b, backend=backend, out=rows_alike)
+        folded = torch.zeros(30, device=DEVICE).as_strided((4, 6), (3, 1))  # rows overlap
+        with pytest.raises(ValueError, match="out must not overlap itself"):
+            gemm(a, b, backend=backend, out=folded)
+        assert torch.equal(rows_alike, torch.zeros(4, 6, device=DEVICE))  # nothing written
+
     def test_tf32_only_where_it_applies(self, backend, rng):
         a, b, _ = random_inputs(4, 6, 5, device=DEVICE, generator=rng)
         impl = backends.BACKENDS[backend]
@@ -250,3 +260,21 @@ def test_torch_compile_reports_its_compile_time_and_reuses_it(rng):
     assert_matches_reference(d, a, b, c, "relu")
     assert "max-autotune-no-cudagraphs" in first and "compiled in" in first
     assert backends.BACKENDS["torch_compile"].config() == first  # no second compile
+
+
+def test_out_overlapping_an_input_through_another_storage_is_refused(rng):
+    """Two tensors made from views of one numpy buffer have separate storages: the overlap
+    is found by address span, not by storage."""
+    import numpy as np
+
+    buffer = np.zeros(2 * 36, dtype=np.float32)
+    a = torch.from_numpy(buffer[:36].reshape(6, 6))
+    out = torch.from_numpy(buffer[18:54].reshape(6, 6))  # shares a's last 3 rows
+    assert a.untyped_storage().data_ptr() != out.untyped_storage().data_ptr()
+    a.copy_(torch.randn(6, 6, generator=rng))
+    b = torch.randn(6, 6, generator=rng)
+    for backend in ("cublas", "torch_unfused"):
+        with pytest.raises(ValueError, match="out overlaps a"):
+            gemm(a, b, backend=backend, out=out)
+    apart = torch.from_numpy(buffer[36:].reshape(6, 6))  # right after a: no overlap
+    assert gemm(a, b, backend="cublas", out=apart) is apart

@@ -114,3 +114,32 @@ def test_overhead_probe_reports_both_timings(tmp_path, capsys):
     assert result["range_us"] > 0 and result["gemm_ms_with_ranges"] > 0
     assert result["gemm_ms_without_ranges"] > 0 and result["rounds"] == 2
     assert "NVTX range push/pop" in capsys.readouterr().out
+
+
+class Untouchable(Loopback):
+    """A communicator that fails the test if any collective is started."""
+
+    def _all_reduce(self, src, dst):
+        raise AssertionError("communication started")
+
+    _all_gather = _reduce_scatter = _all_to_all = _all_reduce
+
+
+def test_tp_layers_check_the_input_width_before_any_gemm_or_communication(monkeypatch):
+    import tp.layers
+
+    def no_gemm(*args, **kwargs):
+        raise AssertionError("a GEMM was launched")
+
+    monkeypatch.setattr(tp.layers, "gemm", no_gemm)
+    comm = Untouchable()
+    column = ColumnParallelLinear(8, 16, comm, name="fc1")
+    row = RowParallelLinear(16, 8, comm, name="fc2")
+    full_row = RowParallelLinear(16, 8, comm, input_is_parallel=False, name="fc3")
+    with pytest.raises(ValueError, match=r"fc1: the input must be \(\.\.\., 8\) \(in_features\);"
+                                         r" got \(6, 7\)"):
+        column(torch.randn(6, 7))
+    with pytest.raises(ValueError, match=r"fc2: the input must be \(\.\.\., 16\)"):
+        row(torch.randn(2, 3, 15))
+    with pytest.raises(ValueError, match=r"fc3: the input must be \(\.\.\., 16\)"):
+        full_row(torch.randn(5))

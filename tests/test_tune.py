@@ -6,6 +6,7 @@ entry, and ``gemmlab tune`` end to end. Every test reads and writes a table unde
 import argparse
 import io
 import json
+import re
 import time
 
 import pytest
@@ -554,3 +555,32 @@ def test_gemmlab_tune_keeps_a_malformed_table(table):
     code, output = gemmlab_tune("--shapes", "16", "--dtypes", "fp32", "--out", str(table))
     assert code == 2 and "malformed tuned table" in output and table.read_text() == "{"
 
+
+
+def test_a_directory_as_the_table_is_a_clear_error(table, rng):
+    table.mkdir()
+    with pytest.raises(ValueError, match=f"malformed tuned table {re.escape(str(table))}: a "
+                                         f"directory"):
+        tuning.load(table)
+    a, b, _ = random_inputs(8, 8, 8, device=DEVICE, generator=rng)
+    with pytest.raises(ValueError, match="a directory"):
+        gemm(a, b, backend="triton_fused")
+
+
+@pytest.mark.parametrize("field", ["BLOCK_M", "BLOCK_K", "num_warps"])
+def test_a_zero_tile_in_an_entry_is_a_value_error_naming_file_and_field(table, rng, field):
+    tuning.save([entry(gpu=GPU, dtype="fp32", bucket=(8, 8, 8), **{**PINNED, field: 0})],
+                table)
+    a, b, _ = random_inputs(8, 8, 8, device=DEVICE, generator=rng)
+    with pytest.raises(ValueError, match=f"{re.escape(str(table))}: the triton_fused fp32 "
+                                         f"entry .*{field} is 0, not a positive integer"):
+        gemm(a, b, backend="triton_fused")
+
+
+def test_cuda_pins_refuse_tiles_that_are_not_positive():
+    pin = backends.BACKENDS["cuda_regblock"].pin
+    good = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 8, "TM": 4, "TN": 4}
+    assert pin(good).params == good
+    for bad in (0, -8, True):
+        with pytest.raises(ValueError, match=f"BLOCK_M is {bad!r}, not a positive integer"):
+            pin({**good, "BLOCK_M": bad})

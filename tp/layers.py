@@ -102,6 +102,14 @@ class _TPLinear(nn.Module):
         self.comm, self.backend, self.overlap = comm, backend, overlap
         self.sm_margin = sm_margin
 
+    def _check_input(self, x: torch.Tensor, width: int, what: str) -> None:
+        """Refuse an input whose last dimension is not ``width``, before any GEMM or
+        communication (a wrong width would otherwise fail inside a reshape, or after an
+        all-reduce)."""
+        if x.dim() < 1 or x.shape[-1] != width:
+            raise ValueError(f"{self.name}: the input must be (..., {width}) ({what}); got "
+                             f"{tuple(x.shape)}")
+
 
 class ColumnParallelLinear(_TPLinear):
     """Y = act(X W + b), W split by output columns over the TP group.
@@ -129,7 +137,8 @@ class ColumnParallelLinear(_TPLinear):
     Raises:
         ValueError: ``out_features`` not a multiple of the TP size; an unknown activation;
             ``overlap`` without asynchronous communication; a master of other sizes; a
-            negative ``sm_margin``.
+            negative ``sm_margin``; in forward, an input whose last dimension is not
+            ``in_features`` (before any GEMM).
     """
 
     def __init__(self, in_features: int, out_features: int, comm, *, bias: bool = True,
@@ -144,6 +153,7 @@ class ColumnParallelLinear(_TPLinear):
         self.activation, self.gather_output = activation, gather_output
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self._check_input(x, self.in_features, "in_features")
         y = _ColumnParallel.apply(x.reshape(-1, self.in_features), self.weight, self.bias, self)
         y = y.view(*x.shape[:-1], y.shape[-1])
         return gather_from_tp(y, self.comm) if self.gather_output else y
@@ -170,7 +180,9 @@ class RowParallelLinear(_TPLinear):
     Raises:
         ValueError: ``in_features`` not a multiple of the TP size; ``chunks`` < 1; ``overlap``
             without asynchronous communication; a master of other sizes; a negative
-            ``sm_margin``.
+            ``sm_margin``; in forward, an input whose last dimension is not the rank's
+            ``in_features / P`` (``input_is_parallel``) or ``in_features``, before any GEMM
+            or communication.
     """
 
     def __init__(self, in_features: int, out_features: int, comm, *, bias: bool = True,
@@ -184,7 +196,10 @@ class RowParallelLinear(_TPLinear):
         self.input_is_parallel, self.chunks = input_is_parallel, chunks
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.input_is_parallel:
+        if self.input_is_parallel:
+            self._check_input(x, self.weight.shape[0], "this rank's in_features / TP block")
+        else:
+            self._check_input(x, self.in_features, "in_features")
             x = scatter_to_tp(x, self.comm)
         y = _RowParallel.apply(x.reshape(-1, self.weight.shape[0]), self.weight, self)
         y = y.view(*x.shape[:-1], self.out_features)
