@@ -27,7 +27,10 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # Planned Matmul objects kept (least recently used dropped and freed). Each holds the
 # operands of its latest call, so the count bounds the memory this cache keeps alive.
 PLANS_KEPT = 4
-_plans: collections.OrderedDict = collections.OrderedDict()
+_plans: collections.OrderedDict = collections.OrderedDict()  # token -> (Matmul, description)
+# A small int per planned layout (problem, strides, alignment): hashing it per call costs
+# nothing, where hashing the layout itself (a Problem dataclass) costs a microsecond.
+_tokens: dict[tuple, int] = {}
 _last = ["not launched yet"]
 
 
@@ -77,21 +80,23 @@ def bind(p: Problem, config=None) -> Launch:
     torch's current stream. D is a new tensor, copied into ``out`` when one is given. A
     launch is for the layouts of its first call (``gemm()`` binds once per signature)."""
     device = p.device.index if p.device.index is not None else torch.cuda.current_device()
-    keys: list = []  # the plan's key, from the first call's operands
+    tokens: list = []  # the plan's token, from the first call's operands
 
     def launch(a, b, c, out):
         stream = torch._C._cuda_getCurrentRawStream(device)
-        if not keys:
-            keys.append((p, a.stride(), b.stride(), None if c is None else c.stride(),
-                         a.data_ptr() % 16, b.data_ptr() % 16,
-                         None if c is None else c.data_ptr() % 16))
-        entry = _plans.get(keys[0])
+        if not tokens:
+            layout = (p, a.stride(), b.stride(), None if c is None else c.stride(),
+                      a.data_ptr() % 16, b.data_ptr() % 16,
+                      None if c is None else c.data_ptr() % 16)
+            tokens.append(_tokens.setdefault(layout, len(_tokens)))
+        token = tokens[0]
+        entry = _plans.get(token)
         if entry is None:
-            entry = _plans[keys[0]] = plan(p, a, b, c, stream)
+            entry = _plans[token] = plan(p, a, b, c, stream)
             while len(_plans) > PLANS_KEPT:
                 _plans.popitem(last=False)[1][0].free()
         else:  # a planned problem: only the operands change
-            _plans.move_to_end(keys[0])
+            _plans.move_to_end(token)
             if p.c == "bias":
                 entry[0].reset_operands_unchecked(a=b.T, b=a.T, epilog_inputs={"bias": c})
             else:

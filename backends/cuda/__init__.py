@@ -144,11 +144,12 @@ class CudaKernel:
         args = KernelArgs([0, 0, 0, 0, m, n, k, ldc, int(p.relu), *([0] if self.tma else [])])
         (tx, ty), lock = self.threads, threading.Lock()
 
+        if self.tma:
+            from . import tma
+
         def launch(a, b, c, out):
             out = p.output(out)
             if self.tma:
-                from . import tma
-
                 a, b = tma.operands(a, b)
                 maps = tma.gemm_maps(a, b, k, n, self.params["BLOCK_M"], self.params["BLOCK_K"])
             pointers = (a.data_ptr(), b.data_ptr(), 0 if c is None else c.data_ptr(),
