@@ -23,31 +23,43 @@ def fp32_precision(allow_tf32: bool):
     then restored. Set through ``torch.set_float32_matmul_precision``, which keeps the
     per-backend setting (``torch.backends.cuda.matmul.fp32_precision``) and the global one
     consistent: Inductor reads the global one and refuses a mix of the two APIs (PyTorch's
-    "TensorFloat-32 (TF32) on Ampere (and later) devices" notes)."""
+    "TensorFloat-32 (TF32) on Ampere (and later) devices" notes). When the caller has already
+    mixed them, torch cannot read the global one: both are set inside, and only the
+    per-backend one (what cuBLAS honours) is put back."""
     matmul = torch.backends.cuda.matmul
-    saved, legacy = matmul.fp32_precision, torch.get_float32_matmul_precision()
+    saved = matmul.fp32_precision
+    try:
+        legacy = torch.get_float32_matmul_precision()
+    except RuntimeError:  # the caller mixed the two APIs
+        legacy = None
     torch.set_float32_matmul_precision("high" if allow_tf32 else "highest")
     try:
         yield
     finally:
-        torch.set_float32_matmul_precision(legacy)
+        if legacy is not None:
+            torch.set_float32_matmul_precision(legacy)
         matmul.fp32_precision = saved
 
 
 def with_precision(p: Problem, launch: Launch) -> Launch:
     """``launch`` run under ``p``'s fp32 precision for fp32 CUDA problems (the setting is
-    global state, so it is touched only where it matters, and changed only when it differs:
-    reading it costs less than setting it); ``launch`` itself otherwise."""
+    global state, so it is touched only where it matters, and changed only when it differs);
+    ``launch`` itself otherwise. The current setting is read as the flag cuBLAS honours
+    (``torch._C._get_cublas_allow_tf32``, what ``torch.backends.cuda.matmul.allow_tf32``
+    returns, at a tenth of the property's cost); when the legacy and new precision APIs
+    were mixed, that read raises and the setting is made explicitly."""
     if p.device.type != "cuda" or p.dtype != torch.float32:
         return launch
-    matmul = torch.backends.cuda.matmul
-    wanted = "tf32" if p.allow_tf32 else "ieee"
+    wanted = p.allow_tf32
 
     def precise(a, b, c, out):
-        now = matmul.fp32_precision
-        if (torch.backends.fp32_precision if now == "none" else now) == wanted:  # inherited
+        try:
+            inherited = torch._C._get_cublas_allow_tf32() == wanted
+        except RuntimeError:  # mixed APIs: torch cannot say, so set it
+            inherited = False
+        if inherited:
             return launch(a, b, c, out)
-        with fp32_precision(p.allow_tf32):
+        with fp32_precision(wanted):
             return launch(a, b, c, out)
 
     return precise

@@ -396,8 +396,11 @@ def bind(p: Problem, config: triton.Config | None = None) -> Launch:
             described[1] = "pointer kernel" if problem is None else (
                 f"pointer kernel (PERSISTENT fell back: {problem})")
 
+            # Everything after the four pointers is fixed by the binding's signature.
+            fixed = (*args[4:], *tail)
+
             def make_args(a, b, c, out):
-                return (*_pointer_args(p, tiles, flags, a, b, c, out), *tail)
+                return (a, b, out if c is None else c, out, *fixed)
         if not INTERPRETED:
             compiled[:] = kernel, grid, make_args
 

@@ -81,7 +81,7 @@ def test_launches_follow_torchs_current_stream(backend, rng):
     assert_matches_reference(d, a, b, c, "relu")
 
 
-@pytest.mark.parametrize("backend", ["cublas", "triton_fused"])
+@pytest.mark.parametrize("backend", ["cublas", "cublaslt", "torch_compile", "triton_fused"])
 def test_fp32_is_ieee_unless_tf32_is_asked_for(backend, rng):
     a, b, c = random_inputs(256, 256, 4096, torch.float32, "cuda", "full", rng)
     ieee = backends.relative_error(gemm(a, b, c, backend=backend), backends.reference(a, b, c))

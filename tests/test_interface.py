@@ -241,6 +241,35 @@ def test_fp32_precision_is_set_through_one_api_and_restored():
     assert (matmul.fp32_precision, torch.get_float32_matmul_precision()) == before
 
 
+@pytest.mark.parametrize("state", ["default", "tf32 set", "mixed APIs"])
+@pytest.mark.parametrize("allow_tf32", [False, True])
+def test_an_fp32_cuda_launch_runs_under_its_own_precision(state, allow_tf32):
+    """Whatever the caller's setting, the launch sees the precision its Problem asks for (as
+    cuBLAS reads it), and the caller's setting is back afterwards."""
+    import warnings
+
+    from backends.problem import Problem
+    from backends.torch_backends import fp32_precision, with_precision
+
+    seen = []
+
+    def launch(a, b, c, out):
+        seen.append(torch._C._get_cublas_allow_tf32())
+
+    p = Problem(2, 2, 2, torch.float32, torch.device("cuda"), None, False, allow_tf32)
+    matmul = torch.backends.cuda.matmul
+    with fp32_precision(False), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch warns about the legacy API
+        if state == "tf32 set":
+            matmul.fp32_precision = "tf32"
+        elif state == "mixed APIs":
+            torch.set_float32_matmul_precision("high")
+            matmul.fp32_precision = "ieee"
+        before = matmul.fp32_precision
+        with_precision(p, launch)(None, None, None, None)
+        assert seen == [allow_tf32]
+        assert matmul.fp32_precision == before
+
 @pytest.mark.skipif(HAS_GPU, reason="checks the no-GPU report")
 def test_cublaslt_says_why_it_cannot_run_without_a_gpu(rng):
     status = {s.name: s for s in backends.available()}["cublaslt"]

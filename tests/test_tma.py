@@ -35,3 +35,30 @@ def test_a_misaligned_base_address_is_copied():
     pa, pb = tma.operands(odd, b)
     assert pb is b and pa is not odd
     assert pa.data_ptr() % 16 == 0 and torch.equal(pa[:, :8], odd)
+
+
+def test_a_binding_encodes_the_maps_of_an_address_pair_once(monkeypatch):
+    """``LaunchMaps`` encodes per new (A, B) address pair; aligned operands seen before reuse
+    their buffer, padded copies (new addresses each call) are encoded every call, and at
+    most ``kept`` buffers are held."""
+    encoded = []
+
+    def encode(address, *args):
+        encoded.append(address)
+        return bytes(tma.MAP_BYTES)
+
+    monkeypatch.setattr(tma, "encode_2d", encode)
+    launch_maps = tma.LaunchMaps(k=16, n=16, block_m=64, block_k=64, kept=2)
+    a, b = torch.randn(8, 16, dtype=torch.float16), torch.randn(16, 16, dtype=torch.float16)
+    first = launch_maps(a, b)
+    assert first[0] is a and first[1] is b and first[2].numel() == 2 * tma.MAP_BYTES
+    assert launch_maps(a, b)[2] is first[2]
+    assert encoded == [a.data_ptr(), b.data_ptr()]
+    odd = torch.randn(8 * 16 + 1, dtype=torch.float16)[1:].view(8, 16)  # copied: not kept
+    launch_maps(odd, b)
+    launch_maps(odd, b)
+    assert len(encoded) == 6
+    others = [torch.randn(8, 16, dtype=torch.float16) for _ in range(2)]
+    for other in others:
+        launch_maps(other, b)
+    assert len(launch_maps._maps) == 2 and launch_maps(a, b)[2] is not first[2]  # evicted

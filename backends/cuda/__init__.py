@@ -143,22 +143,27 @@ class CudaKernel:
         ldc = 0 if p.c != "full" else n
         args = KernelArgs([0, 0, 0, 0, m, n, k, ldc, int(p.relu), *([0] if self.tma else [])])
         (tx, ty), lock = self.threads, threading.Lock()
-
+        maps_of = None
         if self.tma:
-            from . import tma
+            from .tma import LaunchMaps
+
+            maps_of = LaunchMaps(k, n, self.params["BLOCK_M"], self.params["BLOCK_K"])
+        relu, output = int(p.relu), p.output
 
         def launch(a, b, c, out):
-            out = p.output(out)
-            if self.tma:
-                a, b = tma.operands(a, b)
-                maps = tma.gemm_maps(a, b, k, n, self.params["BLOCK_M"], self.params["BLOCK_K"])
-            pointers = (a.data_ptr(), b.data_ptr(), 0 if c is None else c.data_ptr(),
-                        out.data_ptr(), *((maps.data_ptr(),) if self.tma else ()))
+            out = output(out)
+            if maps_of is None:
+                pointers = (a.data_ptr(), b.data_ptr(), 0 if c is None else c.data_ptr(),
+                            out.data_ptr())
+            else:
+                a, b, maps = maps_of(a, b)
+                pointers = (a.data_ptr(), b.data_ptr(), 0 if c is None else c.data_ptr(),
+                            out.data_ptr(), maps.data_ptr())
             if _LAUNCHER.get() == "pycuda":
                 from .pycuda_launch import launch as pycuda_launch
 
                 pycuda_launch(self, p.dtype, device, grid,
-                              (*pointers[:4], m, n, k, ldc, int(p.relu), *pointers[4:]))
+                              (*pointers[:4], m, n, k, ldc, relu, *pointers[4:]))
                 return out
             stream = torch._C._cuda_getCurrentRawStream(device)
             with lock:  # the buffer is shared by every call of this binding
