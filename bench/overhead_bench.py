@@ -95,7 +95,7 @@ def _wrapped_cuda(kernel, p: Problem, a, b, c, d) -> Callable[[], object]:
 
     function, smem = kernel.compiled(p.dtype, a.device.index)
     handle = function.kernel.ptr
-    extra = ()
+    maps, extra = None, ()
     if kernel.tma:
         maps = tma.gemm_maps(a, b, p.k, p.n, kernel.params["BLOCK_M"], kernel.params["BLOCK_K"])
         extra = (maps.data_ptr(),)
@@ -109,6 +109,7 @@ def _wrapped_cuda(kernel, p: Problem, a, b, c, d) -> Callable[[], object]:
         driver.launchKernel(handle, gx, gy, 1, tx, ty, 1, smem, stream, args.address, 0)
         return out
 
+    driver_launch.maps = maps  # the kernel reads the maps' buffer: it lives as long as the call
     return driver_launch
 
 
