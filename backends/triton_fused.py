@@ -276,6 +276,8 @@ def persistent_unavailable_reason(device: torch.device) -> str | None:
     """Why the persistent TMA kernel cannot run on ``device`` at all (the GPU predates TMA),
     or None when it can (always under the interpreter)."""
     if not INTERPRETED:
+        if device.type != "cuda":
+            return f"it runs on CUDA GPUs; got {device}"
         major, minor = _capability(device)
         if major < TMA_MIN_CAPABILITY:
             return f"compute capability {major}.{minor} has no TMA (9.0 or newer has)"

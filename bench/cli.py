@@ -266,36 +266,49 @@ def cmd_comm(args: argparse.Namespace, console: Console) -> int:
         unknown = [x for x in ops if x not in cb.COLLECTIVES]
         unknown += [x for x in names if x not in (*tp.comm.BACKENDS, "nccl_direct")]
         unknown += [] if args.dtype in cb.DTYPES else [args.dtype]
+        call_checks = _csv(args.call_check)
+        unknown += [x for x in call_checks if x not in ("on", "off")]
+        if args.check_every < 0:
+            raise ValueError(f"-c must be >= 0; got {args.check_every}")
         if unknown:
             raise ValueError(f"unknown {', '.join(unknown)}; ops: {', '.join(cb.COLLECTIVES)}; "
                              f"backends: {', '.join((*tp.comm.BACKENDS, 'nccl_direct'))}; "
-                             f"dtypes: {', '.join(cb.DTYPES)}")
+                             f"dtypes: {', '.join(cb.DTYPES)}; --call-check: on, off")
     except ValueError as exc:
         say(f"error: {exc}")
         return 2
     dtype = cb.DTYPES[args.dtype]
     say(f"gemmlab comm: {world.Get_size()} ranks, {device.type}, {args.dtype}, "
         f"{args.iters} iterations after {args.warmup_iters} warm-up")
-    comms = {name: cb.DirectNccl(world, device) if name == "nccl_direct"
-             else tp.comm.create(name, world, device) for name in names}
+    comms = {}
+    for name in names:
+        if name == "nccl_direct":
+            comms[name] = cb.DirectNccl(world, device)
+            continue
+        for setting in call_checks:
+            label = name if call_checks == ["on"] else f"{name} (call check {setting})"
+            comms[label] = tp.comm.create(name, world, device, check=setting == "on")
     rows = []
     for op in ops:
-        for name, comm in comms.items():
+        for label, comm in comms.items():
             if not cb.supports(comm, op, dtype):
-                say(f"skipped {op} on {name}: not supported for {args.dtype}")
+                say(f"skipped {op} on {label}: not supported for {args.dtype}")
                 continue
             block = [row for size in steps
-                     if (row := cb.measure(comm, op, size, dtype, device, world,
-                                           args.iters, args.warmup_iters)) is not None]
+                     if (row := cb.measure(comm, op, size, dtype, device, world, args.iters,
+                                           args.warmup_iters, args.check_every,
+                                           args.seed)) is not None]
             rows += block
-            table = Table(title=f"{op} | {block[0]['backend'] if block else name} | "
-                          f"{world.Get_size()} ranks | {args.dtype} | {device.type}")
+            table = Table(title=f"{op} | {label} | {world.Get_size()} ranks | {args.dtype} | "
+                          f"{device.type}")
             for col in ("size (B)", "count", "type", "time (us)", "algbw (GB/s)",
                         "busbw (GB/s)", "#wrong"):
                 table.add_column(col, justify="right")
             for r in block:
-                table.add_row(str(r["bytes"]), str(r["count"]), r["dtype"], f"{r['time_us']:.1f}",
-                              f"{r['algbw']:.2f}", f"{r['busbw']:.2f}", str(r["wrong"]))
+                timed = ((f"{r['time_us']:.1f}", f"{r['algbw']:.2f}", f"{r['busbw']:.2f}")
+                         if r["ok"] else ("FAIL", "-", "-"))
+                table.add_row(str(r["bytes"]), str(r["count"]), r["dtype"], *timed,
+                              str(r["wrong"]))
             say(table)
     for comm in comms.values():
         comm.close()
@@ -359,20 +372,21 @@ def cmd_tp(args: argparse.Namespace, console: Console) -> int:
     for r in rows:
         if "ms" in r:
             timed.add_row(r["layer"], r["phase"], str(r["tp"]), str(r["M"]), str(r["N"]),
-                          str(r["K"]), r["dtype"], f"{r['ms']:.3f}",
-                          "-" if r["max_rel_err"] is None else f"{r['max_rel_err']:.1e}",
-                          "PASS" if r["ok"] else "FAIL")
+                          str(r["K"]), r["dtype"], "-" if r["ms"] is None else f"{r['ms']:.3f}",
+                          f"{r['max_rel_err']:.1e}", "PASS" if r["ok"] else "FAIL")
     say(timed)
     lapped = Table(title="compute/communication overlap (ms)")
     for col in ("layer", "phase", "chunks", "compute", "comm", "serial", "overlapped",
-                "efficiency", "comm hidden"):
-        lapped.add_column(col, justify="left" if col in ("layer", "phase") else "right")
+                "efficiency", "comm hidden", "max rel err", "check"):
+        lapped.add_column(col, justify="left" if col in ("layer", "phase", "check") else "right")
     for r in rows:
         if "overlap_efficiency" in r:
-            lapped.add_row(r["layer"], r["phase"], str(r["chunks"]), f"{r['compute_ms']:.3f}",
-                           f"{r['comm_ms']:.3f}", f"{r['serial_ms']:.3f}",
-                           f"{r['overlapped_ms']:.3f}", f"{r['overlap_efficiency']:.0%}",
-                           f"{r['comm_hidden']:.0%}")
+            times = ((f"{r[k]:.3f}" for k in ("compute_ms", "comm_ms", "serial_ms",
+                                              "overlapped_ms")) if r["ok"] else ["-"] * 4)
+            shares = ((f"{r['overlap_efficiency']:.0%}", f"{r['comm_hidden']:.0%}")
+                      if r["ok"] else ("-", "-"))
+            lapped.add_row(r["layer"], r["phase"], str(r["chunks"]), *times, *shares,
+                           f"{r['max_rel_err']:.1e}", "PASS" if r["ok"] else "FAIL")
     say(lapped)
     if world.Get_rank() == 0 and args.out:
         for path in write_results(args.out, collect_meta(), rows, tp_bench.plot):
@@ -539,6 +553,13 @@ def build_parser() -> argparse.ArgumentParser:
                       "bfloat16, int32 or int64")
     comm.add_argument("--device", choices=("cpu", "cuda"),
                       help="where the buffers live (default: cuda when a GPU is visible)")
+    comm.add_argument("-c", "--check-every", type=int, default=0, metavar="N",
+                      help="check the output again after every N timed iterations, outside "
+                      "the timing (default 0: the first call only, which is always checked)")
+    comm.add_argument("--call-check", default="on",
+                      help="comma list of on, off: gemmlab communicators with and without "
+                      "the ranks' call check (tp.comm.create's check=); both measure its cost")
+    comm.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     comm.add_argument("--out", help="directory for results.json, results.csv, results.png")
     comm.set_defaults(func=cmd_comm)
 

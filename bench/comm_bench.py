@@ -2,10 +2,15 @@
 
 Modelled on NVIDIA/nccl-tests: one engine for every collective; each collective supplies
 its element counts, expected result and bus-bandwidth factor. For each size, every rank
-fills its input with small integers derived from (rank, element), so every sum is exact in
-every dtype; the operation runs once and ``#wrong`` counts the elements that differ from the
-expected values; then ``-w`` warm-up and ``-n`` timed iterations run back to back (CUDA
-events on GPUs, ``MPI.Wtime`` on CPUs) and the time is the slowest rank's mean.
+fills its input with fresh random integers in [-2, 2], drawn from a generator seeded by
+(rank, operation, size), so the data differ at every size and every sum is exact in every
+dtype, and every rank can regenerate every other rank's input to compute its expected
+output. The operation runs once into a poisoned output and ``#wrong`` counts the elements
+that differ from the expected values; then ``-w`` warm-up and ``-n`` timed iterations run
+back to back (CUDA events on GPUs, ``MPI.Wtime`` on CPUs) and the time is the slowest rank's
+mean. With ``-c N`` the output is checked again after every N timed iterations, outside the
+timed stretches (nccl-tests' ``-c``). A row with any wrong element is FAIL: its time and
+bandwidths are not reported.
 
 Bandwidths follow nccl-tests' PERFORMANCE.md: size S is the larger of the input and output
 buffers in bytes, algbw = S / t, busbw = algbw * factor, with factor 2(P-1)/P for
@@ -29,63 +34,66 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.f
           "bfloat16": torch.bfloat16, "int32": torch.int32, "int64": torch.int64}
 
 
-def _value(rank: int, index: torch.Tensor, salt: int = 0) -> torch.Tensor:
-    """Rank ``rank``'s input at ``index``: an integer in [-2, 2] (sums stay exact)."""
-    return (index * 7 + rank * 13 + salt) % 5 - 2
-
-
 @dataclass(frozen=True)
 class Collective:
     """What the engine needs to know of one collective (cf. nccl-tests' per-test files).
 
     ``counts(c, P)`` gives (input, output) element counts for a size of ``c`` elements;
-    ``expected(c, P, r, device)`` rank r's correct output (int64); ``factor(P)`` the busbw
-    factor; ``run(comm, x, out)`` one call.
+    ``expected(inputs, P, r)`` rank r's correct output (int64) from ``inputs(q)``, rank q's
+    input (int64); ``factor(P)`` the busbw factor; ``run(comm, x, out)`` one call.
     """
 
     counts: Callable[[int, int], tuple[int, int]]
-    expected: Callable[[int, int, int, torch.device], torch.Tensor]
+    expected: Callable[[Callable[[int], torch.Tensor], int, int], torch.Tensor]
     factor: Callable[[int], float]
     run: Callable
 
 
-def _ar_expected(c, p, r, device):
-    idx = torch.arange(c, device=device)
-    return sum(_value(q, idx) for q in range(p))
+def _sum(parts) -> torch.Tensor:
+    total = None
+    for part in parts:
+        total = part.clone() if total is None else total.add_(part)
+    return total
 
 
-def _ag_expected(c, p, r, device):
-    idx = torch.arange(c // p, device=device)
-    return torch.cat([_value(q, idx) for q in range(p)])
-
-
-def _rs_expected(c, p, r, device):
-    idx = r * (c // p) + torch.arange(c // p, device=device)
-    return sum(_value(q, idx) for q in range(p))
-
-
-def _a2a_expected(c, p, r, device):
-    idx = r * (c // p) + torch.arange(c // p, device=device)
-    return torch.cat([_value(q, idx) for q in range(p)])
-
-
-def _bcast_expected(c, p, r, device):
-    return _value(0, torch.arange(c, device=device))
+def _block(x: torch.Tensor, p: int, r: int) -> torch.Tensor:
+    n = x.numel() // p
+    return x[r * n:(r + 1) * n]
 
 
 COLLECTIVES = {
-    "all_reduce": Collective(lambda c, p: (c, c), _ar_expected, lambda p: 2 * (p - 1) / p,
+    "all_reduce": Collective(lambda c, p: (c, c),
+                             lambda inputs, p, r: _sum(inputs(q) for q in range(p)),
+                             lambda p: 2 * (p - 1) / p,
                              lambda comm, x, out: comm.all_reduce(x, out=out)),
-    "all_gather": Collective(lambda c, p: (c // p, c), _ag_expected, lambda p: (p - 1) / p,
+    "all_gather": Collective(lambda c, p: (c // p, c),
+                             lambda inputs, p, r: torch.cat([inputs(q) for q in range(p)]),
+                             lambda p: (p - 1) / p,
                              lambda comm, x, out: comm.all_gather(x, out=out)),
-    "reduce_scatter": Collective(lambda c, p: (c, c // p), _rs_expected, lambda p: (p - 1) / p,
+    "reduce_scatter": Collective(lambda c, p: (c, c // p),
+                                 lambda inputs, p, r: _sum(_block(inputs(q), p, r)
+                                                           for q in range(p)),
+                                 lambda p: (p - 1) / p,
                                  lambda comm, x, out: comm.reduce_scatter(x, out=out)),
-    "all_to_all": Collective(lambda c, p: (c, c), _a2a_expected, lambda p: (p - 1) / p,
+    "all_to_all": Collective(lambda c, p: (c, c),
+                             lambda inputs, p, r: torch.cat([_block(inputs(q), p, r)
+                                                             for q in range(p)]),
+                             lambda p: (p - 1) / p,
                              lambda comm, x, out: comm.all_to_all(x, out=out)),
-    "broadcast": Collective(lambda c, p: (c, c), _bcast_expected, lambda p: 1.0,
-                            lambda comm, x, out: comm.broadcast(out, 0)),
+    "broadcast": Collective(lambda c, p: (c, c), lambda inputs, p, r: inputs(0),
+                            lambda p: 1.0, lambda comm, x, out: comm.broadcast(out, 0)),
 }
 BLOCK_OPS = ("all_gather", "reduce_scatter", "all_to_all")  # sizes rounded to P blocks
+
+
+def random_input(rank: int, op: str, nbytes: int, count: int, device: torch.device,
+                 seed: int = 0) -> torch.Tensor:
+    """Rank ``rank``'s input for ``op`` at size ``nbytes``: ``count`` random integers in
+    [-2, 2] (int64), the same on whichever rank regenerates them."""
+    generator = torch.Generator(device=device)
+    generator.manual_seed((seed * 1_000_003 + rank * 10_007 + list(COLLECTIVES).index(op))
+                          * 1_000_033 + nbytes)
+    return torch.randint(-2, 3, (count,), generator=generator, device=device)
 
 
 class DirectNccl:
@@ -160,11 +168,11 @@ def sizes(min_bytes: int, max_bytes: int, factor: int) -> list[int]:
 
 
 def measure(comm, op: str, nbytes: int, dtype: torch.dtype, device: torch.device,
-            world, iters: int, warmup: int) -> dict | None:
-    """One row: check ``op`` once, then time it. None when the size holds no whole element
-    per rank. Collective over ``world``: every rank calls it with the same arguments."""
-    from mpi4py import MPI
-
+            world, iters: int, warmup: int, check_every: int = 0, seed: int = 0) -> dict | None:
+    """One row: check ``op`` once, then time it (re-checking after every ``check_every``
+    timed iterations when > 0). None when the size holds no whole element per rank. A row
+    with a wrong element has ``ok`` False and no time. Collective over ``world``: every
+    rank calls it with the same arguments."""
     p, r = world.Get_size(), world.Get_rank()
     spec = COLLECTIVES[op]
     count = nbytes // dtype.itemsize
@@ -173,53 +181,86 @@ def measure(comm, op: str, nbytes: int, dtype: torch.dtype, device: torch.device
     if count == 0:
         return None
     n_in, n_out = spec.counts(count, p)
-    x = _value(r, torch.arange(n_in, device=device)).to(dtype)
+
+    def inputs(q: int) -> torch.Tensor:
+        return random_input(q, op, nbytes, n_in, device, seed)
+
+    x = inputs(r).to(dtype)
     poison = -(2 * p + 3)  # outside every possible result: sums of P values in [-2, 2]
     out = torch.full((n_out,), poison, dtype=dtype, device=device)
     if op == "broadcast" and r == 0:
         out.copy_(x)
+    expected = spec.expected(inputs, p, r).to(dtype)
 
     def call():
         spec.run(comm, x, out)
 
+    def wrong() -> int:
+        return world.allreduce(int((out != expected).sum()))  # mpi4py's default op: SUM
+
     call()
-    expected = spec.expected(count, p, r, device).to(dtype)
-    wrong = world.allreduce(int((out != expected).sum()), op=MPI.SUM)
-    del expected
+    bad = wrong()
+    size = count * dtype.itemsize
+    row = {"backend": comm.name, "call_check": getattr(comm, "check", None), "op": op,
+           "dtype": str(dtype).replace("torch.", ""), "device": device.type, "ranks": p,
+           "bytes": size, "count": count, "iters": iters, "check_every": check_every,
+           "time_us": None, "algbw": None, "busbw": None, "wrong": bad, "ok": False}
+    if bad:
+        return row
     for _ in range(warmup):
         call()
-    seconds = seconds_per_call(call, iters, device, world)
-    size = count * dtype.itemsize
+    stretch = check_every if check_every > 0 else iters
+    seconds, done = 0.0, 0
+    while done < iters:
+        n = min(stretch, iters - done)
+        seconds += seconds_per_call(call, n, device, world) * n
+        done += n
+        if check_every > 0:
+            if op != "broadcast" or r != 0:  # the root's output is its broadcast input
+                out.fill_(poison)
+            call()  # the checked call is outside the timed stretch
+            if (bad := wrong()):
+                row["wrong"] = bad
+                return row
+    seconds /= iters
     algbw = size / seconds / 1e9
-    return {"backend": comm.name, "op": op, "dtype": str(dtype).replace("torch.", ""),
-            "device": device.type, "ranks": p, "bytes": size, "count": count,
-            "time_us": seconds * 1e6, "algbw": algbw, "busbw": algbw * spec.factor(p),
-            "wrong": wrong}
+    row.update(time_us=seconds * 1e6, algbw=algbw, busbw=algbw * spec.factor(p), ok=True)
+    return row
+
+
+def series(row: dict) -> str:
+    """A row's line in the plot: its backend, and whether its calls were checked when a run
+    measured both."""
+    return row["backend"] + (" (call check off)" if row.get("call_check") is False else "")
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    """busbw against size, one panel per collective, one line per backend."""
+    """busbw against size, one panel per collective, one line per backend (FAIL rows, which
+    have no time, are left out)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ops = list(dict.fromkeys(r["op"] for r in rows))
-    colors = {name: f"C{i}" for i, name in enumerate(dict.fromkeys(r["backend"] for r in rows))}
+    rows = [r for r in rows if r["ok"]]
+    ops = list(dict.fromkeys(r["op"] for r in rows)) or ["no row passed its check"]
+    names = list(dict.fromkeys(series(r) for r in rows))
+    colors = {name: f"C{i % 10}" for i, name in enumerate(names)}
     fig, axes = plt.subplots(1, len(ops), figsize=(5.5 * len(ops), 4), squeeze=False)
     for ax, op in zip(axes[0], ops):
-        for name in dict.fromkeys(r["backend"] for r in rows if r["op"] == op):
-            sub = [r for r in rows if r["op"] == op and r["backend"] == name]
+        ax.set_title(op, fontsize=10)
+        for name in dict.fromkeys(series(r) for r in rows if r["op"] == op):
+            sub = [r for r in rows if r["op"] == op and series(r) == name]
             ax.plot([r["bytes"] for r in sub], [r["busbw"] for r in sub], marker=".", label=name,
-                    color=colors[name])
-        first = next(r for r in rows if r["op"] == op)
+                    color=colors[name], linestyle="--" if name.endswith("off)") else "-")
+            first = sub[0]
+            ax.set_title(f"{op}, {first['ranks']} ranks, {first['dtype']}, {first['device']}",
+                         fontsize=10)
+            ax.legend(fontsize=8)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("size (bytes)")
         ax.set_ylabel("busbw (GB/s)")
-        ax.set_title(f"{op}, {first['ranks']} ranks, {first['dtype']}, {first['device']}",
-                     fontsize=10)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -55,12 +55,31 @@ def _load(directory: str) -> dict:
         raise TableError(f"{path} is not valid JSON: {exc}") from None
 
 
+def _commit(meta: dict) -> str:
+    """The commit a run names: ``git_commit``'s first 7 characters, marked dirty with the diff's
+    hash (or, in files written before ``git_dirty`` existed, by a ``-dirty`` suffix); else the
+    ``declared_commit`` of a copied tree, marked unverified."""
+    commit, declared = meta.get("git_commit"), meta.get("declared_commit")
+    if commit is None and declared is not None:
+        return (f"declared commit `{str(declared)[:7]}` (a copy of the tree without .git; "
+                "not verified)")
+    if commit is None:
+        return "commit `?`"
+    commit = str(commit)
+    if commit.endswith("-dirty"):
+        return f"commit `{commit[:7]}` (dirty)"
+    if meta.get("git_dirty") is True:
+        diff = meta.get("git_diff_sha256")
+        return f"commit `{commit[:7]}` (dirty" + (f", diff sha256 {diff[:12]})" if diff else ")")
+    return f"commit `{commit[:7]}`"
+
+
 def _provenance(directory: str, meta: dict) -> str:
     def get(key: str) -> str:
         value = meta.get(key)
         return "?" if value is None else str(value)
 
-    return (f"Source: `{directory}/results.json`, commit `{get('git_commit')[:7]}`, "
+    return (f"Source: `{directory}/results.json`, {_commit(meta)}, "
             f"{get('gpu')}, torch {get('torch')}, Triton {get('triton')}; "
             f"command: `{get('command')}`.")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import datetime
+import hashlib
 import importlib.metadata
 import json
 import os
@@ -34,28 +35,93 @@ def _cupy_version() -> str | None:
     return None
 
 
-def _run(*cmd: str) -> str | None:
+def _run(*cmd: str, text: bool = True) -> str | bytes | None:
+    """``cmd``'s stdout (stripped when ``text``, raw bytes otherwise), run in REPO; None when it
+    cannot start, fails or times out."""
     try:
-        return subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=30,
-                              cwd=REPO).stdout.strip()
+        out = subprocess.run(cmd, capture_output=True, text=text, check=True, timeout=30,
+                             cwd=REPO).stdout
     except (OSError, subprocess.SubprocessError):
+        return None
+    return out.strip() if text else out
+
+
+ENV_PREFIXES = ("NCCL_", "CUDA_", "OMPI_", "MPICH_")
+
+
+def _git() -> dict:
+    """``git_commit``, ``git_dirty`` and ``git_diff_sha256`` of the checkout (see
+    ``provenance``); all None where there is no git or no commit."""
+    commit = _run("git", "rev-parse", "HEAD")
+    if not commit:
+        return {"git_commit": None, "git_dirty": None, "git_diff_sha256": None}
+    status = _run("git", "status", "--porcelain", "--untracked-files=no")
+    dirty = None if status is None else bool(status)
+    diff = _run("git", "diff", "HEAD", text=False) if dirty else None
+    return {"git_commit": commit, "git_dirty": dirty,
+            "git_diff_sha256": None if diff is None else hashlib.sha256(diff).hexdigest()}
+
+
+def _nccl_version() -> str | None:
+    try:
+        if not torch.cuda.is_available():
+            return None
+        version = torch.cuda.nccl.version()
+        return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
+    except Exception:
         return None
 
 
+def _mpi_version() -> str | None:
+    mpi = sys.modules.get("mpi4py.MPI")  # never imported here: that would initialise MPI
+    if mpi is None:
+        return None
+    try:
+        lines = mpi.Get_library_version().strip().splitlines()
+    except Exception:
+        return None
+    return lines[0].strip() if lines else None
+
+
+def provenance() -> dict:
+    """What code and environment produced a result:
+
+    - ``git_commit``: ``git rev-parse HEAD`` of the checkout (full sha); None without git or a
+      repository. Never taken from the environment.
+    - ``git_dirty``: True when tracked files differ from HEAD (``git status --porcelain
+      --untracked-files=no`` prints anything; untracked files do not count); None without git.
+    - ``git_diff_sha256``: sha256 (hex) of the bytes ``git diff HEAD`` prints, when dirty; else
+      None.
+    - ``declared_commit``: ``$GEMMLAB_GIT_COMMIT``, the commit a copied tree without ``.git``
+      says it is a copy of (not verified); None when unset.
+    - ``env``: every environment variable named ``NCCL_*``, ``CUDA_*``, ``OMPI_*`` or
+      ``MPICH_*``, sorted by name.
+    - ``nccl_version``: torch's NCCL (``"2.28.9"``) when CUDA is available; else None.
+    - ``mpi_version``: the first line of ``MPI.Get_library_version()`` when this process has
+      already imported ``mpi4py.MPI``; else None (importing it would initialise MPI).
+    """
+    return {**_git(),
+            "declared_commit": os.environ.get("GEMMLAB_GIT_COMMIT") or None,
+            "env": {name: str(os.environ[name]) for name in sorted(os.environ)
+                    if name.startswith(ENV_PREFIXES)},
+            "nccl_version": _nccl_version(),
+            "mpi_version": _mpi_version()}
+
+
 def git_commit() -> str:
-    """``GEMMLAB_GIT_COMMIT`` when set (a copy of the tree, whose own ``.git``, if any, may be
-    stale); else HEAD of the checkout (``-dirty`` with local changes); else ``"unknown"``."""
-    if commit := os.environ.get("GEMMLAB_GIT_COMMIT"):
-        return commit
-    commit = _run("git", "rev-parse", "HEAD")
-    if commit is None:
+    """HEAD of the checkout, with ``-dirty`` when tracked files differ from it; ``"unknown"``
+    without git. Never taken from the environment. For ``gemmlab tune``'s table entries, which
+    have one commit field; result files record ``provenance()``."""
+    git = _git()
+    if git["git_commit"] is None:
         return "unknown"
-    return commit + ("-dirty" if _run("git", "status", "--porcelain") else "")
+    return git["git_commit"] + ("-dirty" if git["git_dirty"] else "")
 
 
 def collect_meta() -> dict:
-    """Where and how a result was measured: GPU, driver, CUDA, library versions, git commit,
-    command line and UTC date."""
+    """Where and how a result was measured: GPU, driver, CUDA, library versions, the fields of
+    ``provenance()`` (git commit and state, declared commit, NCCL/CUDA/MPI environment, NCCL
+    and MPI versions), command line and UTC date."""
     cuda = torch.cuda.is_available()
     driver = (_run("nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader")
               if cuda else None)
@@ -69,7 +135,7 @@ def collect_meta() -> dict:
         "triton": _version("triton"),
         "cupy": _cupy_version(),
         "python": platform.python_version(),
-        "git_commit": git_commit(),
+        **provenance(),
         "command": shlex.join(["gemmlab", *sys.argv[1:]]),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }

@@ -37,14 +37,15 @@ Measured per workload, after one checked step and ``--warmup`` steps:
   Narayanan et al. 2021 (arXiv:2104.04473, sec. 5.1: 72 B S h^2 + 12 B S^2 h for r = 4).
   LayerNorm, softmax, ReLU and bias adds are not counted.
 
-Check before timing: the first step's output and input gradient are compared (relative
-Frobenius error, ``bench.tp_bench.TOLERANCES``; NaN or inf fails) with the same workload
-built at TP = 1 on ``MPI.COMM_SELF`` from the same seed in fp32, with its weights rounded to
-the run's dtype, so both see the same values. The reference runs on the first
-``CHECK_TOKENS`` tokens only (whole sequences for the layer): tokens of the MLP and sequences
-of the layer are independent, so those rows of the output and of dX must match, and the
-check stays cheap at any size. A workload that fails is reported FAIL and not timed (exit
-status 1).
+Check before timing: the first step's output, input gradient and every parameter's
+gradient (each rank's shard against the same part of the dense one, ``shard`` of the TP
+layers) are compared (relative Frobenius error, for a parameter's gradient over the larger of
+its norm and the typical size of them all, ``_parameter_errors``; ``bench.tp_bench.TOLERANCES``;
+NaN or inf fails) with the same workload built at TP = 1 on ``MPI.COMM_SELF`` from the same seed in
+fp32, with its weights rounded to the run's dtype, so both see the same values. The
+reference runs on all the tokens (a weight's gradient sums over every one of them): one
+dense step in fp32 per rank, once. A workload that fails is reported FAIL and not timed
+(exit status 1).
 """
 
 from __future__ import annotations
@@ -63,7 +64,6 @@ from torch import nn
 MODES = ("strong", "weak")
 WORKLOADS = ("mlp", "layer")
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
-CHECK_TOKENS = 1024  # tokens the fp32 reference runs on (module doc)
 CANNOT_RUN = 3  # exit status: more ranks on a node than GPUs (bench.scale_series skips that P)
 RULES = {"strong": "global sizes fixed: ffn = r*h, heads H, head_dim h/H",
          "weak": "per-rank sizes fixed: ffn = r*h*P, heads H*P, head_dim h/H; tokens, "
@@ -192,6 +192,29 @@ def replay(comm, calls: list, device: torch.device):
     return run
 
 
+def _parameter_errors(got: list[torch.Tensor], want: list[torch.Tensor]) -> list[float]:
+    """Each parameter gradient's RMS error over the larger of its own reference RMS and the
+    RMS of all the reference parameter gradients together (inf for NaN or inf). The floor
+    matters where a gradient is zero in exact arithmetic and both sides hold rounding noise:
+    the bias of the keys (softmax does not change when every key of a query moves alike)."""
+    def rms(t):
+        return float(t.double().pow(2).mean().sqrt())
+
+    floor = math.sqrt(sum(float(w.double().pow(2).sum()) for w in want)
+                      / sum(w.numel() for w in want))
+    return [rms(g.double() - w.double()) / max(rms(w), floor) if torch.isfinite(g).all()
+            else math.inf for g, w in zip(got, want)]
+
+
+def _part_of(model: nn.Module, name: str, full: torch.Tensor) -> torch.Tensor:
+    """The part of dense gradient ``full`` that ``model``'s parameter ``name`` holds: the
+    TP layer's shard, or all of it for a replicated parameter (a LayerNorm's)."""
+    owner, _, kind = name.rpartition(".")
+    module = model.get_submodule(owner)
+    shard = getattr(module, "shard", None)
+    return full if shard is None else shard(full, bias=kind == "bias")
+
+
 def measure(prob: Problem, mode: str, world, comm, self_comm, device: torch.device,
             dtype_name: str, settings: dict, iters: int, warmup: int, seed: int = 0) -> dict:
     """One row: check the workload against its TP = 1 fp32 reference, then time the step
@@ -222,25 +245,28 @@ def measure(prob: Problem, mode: str, world, comm, self_comm, device: torch.devi
     torch.manual_seed(seed + 1)  # the same input and upstream gradient on every rank
     x, grad_y = (torch.randn(shape, device=device).to(dtype) for _ in range(2))
 
-    def stepper(module, x, grad_y):
+    def stepper(module, x, grad_y, every=False):
         params = list(module.parameters())
 
         def step():
             xg = x.detach().requires_grad_(True)
             y = module(xg)
-            return y, torch.autograd.grad(y, [xg, *params], grad_y)[0]
+            grads = torch.autograd.grad(y, [xg, *params], grad_y)
+            return (y, *grads) if every else (y, grads[0])
         return step
 
     step = stepper(model, x, grad_y)
     calls = []
     with recording(comm, calls):
-        y, dx = step()
-    keep = max(1, CHECK_TOKENS // (prob.seq or 1))  # rows (MLP) or sequences (layer)
-    ref_y, ref_dx = stepper(reference, x[:keep].float(), grad_y[:keep].float())()
-    err = max(backends.relative_error(got[:keep].float(), want) if torch.isfinite(got).all()
-              else math.inf for got, want in ((y, ref_y), (dx, ref_dx)))
+        y, *grads = stepper(model, x, grad_y, every=True)()
+    ref_y, *ref_grads = stepper(reference, x.float(), grad_y.float(), every=True)()
+    wants = [_part_of(model, name, ref) for (name, _), ref
+             in zip(model.named_parameters(), ref_grads[1:])]
+    err = max([backends.relative_error(got.float(), want) if torch.isfinite(got).all()
+               else math.inf for got, want in ((y, ref_y), (grads[0], ref_grads[0]))]
+              + _parameter_errors(grads[1:], wants))
     err = world.allreduce(err, op=MPI.MAX)
-    del reference, ref_y, ref_dx, y, dx
+    del reference, ref_y, ref_grads, wants, y, grads
     row = {"workload": prob.workload, "mode": mode, "P": prob.p, "tokens": prob.tokens,
            "seq": prob.seq, "hidden": prob.hidden, "ffn": prob.ffn, "heads": prob.heads,
            "head_dim": prob.head_dim, "dtype": dtype_name, "rule": RULES[mode],

@@ -5,17 +5,26 @@ The layers are an MLP block's: ``fc1`` column-parallel (hidden -> ratio * hidden
 ReLU) and ``fc2`` row-parallel (back to hidden), cut from seeded dense masters identical on
 every rank. Rows:
 
-- ``column`` / ``row``, ``forward`` and ``backward``: time per call, and the largest relative
-  Frobenius error of the outputs and of every gradient against the dense layers in fp32.
+Every row is checked before it is timed (the GEMM bench's rule): ``max_rel_err`` is the
+largest relative Frobenius error of its outputs and of every gradient it computes against the
+dense layers in fp32, and a row above the dtype's tolerance is FAIL (``ok`` False) and never
+timed (``ms`` None).
+
+- ``column`` / ``row``, ``forward`` and ``backward``: time per call.
 - ``mlp`` ``forward+backward`` at TP = P and at TP = 1 (every rank runs the whole block alone,
-  on its own GPU, in the same run), so their ratio is the TP speedup.
+  on its own GPU, in the same run), so their ratio is the TP speedup; checked on the block's
+  output, dX and every weight and bias gradient.
 - overlap rows: for the row-parallel forward (chunk all-reduces against the next chunks'
   GEMMs) and the column-parallel backward (the dX all-reduce against the dW GEMM): compute
-  alone (as the layer runs it, with its SM margin), communication alone, both serially
-  (overlap off), overlapped, and the overlap efficiency = (serial - overlapped) /
-  min(compute, communication): the share of the smaller of the two that the overlap hid;
-  ``comm_hidden`` = (serial - overlapped) / communication is the share of the communication
-  time hidden.
+  alone (every GEMM of the phase as the layer runs it, with its SM margin: the row forward's
+  chunk GEMMs, the column backward's dX and dW GEMMs), communication alone, the layer with
+  overlap off (serial) and on (overlapped), each checked (the compute alone against its
+  partial product, the communication alone against the all-reduced sum, the layers against
+  the dense ones). From the three measured in the run: ``comm_hidden`` = (compute +
+  communication - overlapped) / communication, the share of the communication time hidden,
+  and ``overlap_efficiency`` = (compute + communication - overlapped) / min(compute,
+  communication), the share of the smaller of the two. (Result files before this rule used
+  the serial layer's time in place of compute + communication.)
 """
 
 from __future__ import annotations
@@ -77,7 +86,9 @@ def run(world, comm, self_comm, device: torch.device, dtype_name: str, tokens: i
 
     x, g1, g2 = randn(tokens, hidden), randn(tokens, inner), randn(tokens, hidden)
 
-    # The dense reference in fp32 (TF32 off), with every gradient.
+    # The dense reference in fp32 (TF32 off), with every gradient: each layer alone, and the
+    # block (fc2 after fc1, its upstream gradient g2).
+    params = [fc1.weight, fc1.bias, fc2.weight, fc2.bias]
     with torch.enable_grad():
         xr = x.clone().requires_grad_(True)
         h = torch.relu(fc1(xr))
@@ -85,6 +96,8 @@ def run(world, comm, self_comm, device: torch.device, dtype_name: str, tokens: i
         hr = h.detach().to(dtype).float().requires_grad_(True)  # what fc2's layer receives
         out = fc2(hr)
         ref_dx2, ref_dw2, ref_db2 = torch.autograd.grad(out, [hr, fc2.weight, fc2.bias], g2)
+        xb = x.clone().requires_grad_(True)
+        ref_block = torch.autograd.grad(fc2(torch.relu(fc1(xb))), [xb, *params], g2)
     n, k = inner // p, inner // p
     cols, rows_ = slice(r * n, (r + 1) * n), slice(r * k, (r + 1) * k)
 
@@ -99,13 +112,12 @@ def run(world, comm, self_comm, device: torch.device, dtype_name: str, tokens: i
     tol = TOLERANCES[dtype_name]
     result = []
 
-    def add(layer, phase, m, nn_, kk, ms, err):
-        result.append({"layer": layer, "phase": phase, "tp": p, "M": m, "N": nn_, "K": kk,
-                       "dtype": dtype_name, "ms": ms, "max_rel_err": err,
-                       "ok": err is None or err <= tol})
-
-    def err(*pairs):
-        return max(backends.relative_error(got.float(), want.float()) for got, want in pairs)
+    def add(layer, phase, m, nn_, kk, error, fn, tp=p):
+        """A row: timed only when its check (``error``, already measured) passed."""
+        ok = error <= tol
+        result.append({"layer": layer, "phase": phase, "tp": tp, "M": m, "N": nn_, "K": kk,
+                       "dtype": dtype_name, "max_rel_err": error, "ok": ok,
+                       "ms": _ms(fn, iters, warmup, device, world) if ok else None})
 
     # Inputs and upstream gradients in the layers' dtype, made once: outside every timed region.
     grad1 = g1[:, cols].to(dtype).contiguous()  # fc1's shard of dL/dY
@@ -113,59 +125,106 @@ def run(world, comm, self_comm, device: torch.device, dtype_name: str, tokens: i
 
     # Column-parallel fc1.
     xd = x.to(dtype).requires_grad_(True)
-    y1 = col(xd)
-    dx1, dw1, db1 = _grads(y1, [xd, col.weight, col.bias], grad1)
+    col_check = _column_check(col, xd, grad1, h[:, cols], (ref_dx1, ref_dw1.t()[:, cols],
+                                                           ref_db1[cols]))
     with torch.no_grad():
-        fwd = _ms(lambda: col(xd), iters, warmup, device, world)
-    add("column", "forward", tokens, n, hidden, fwd, err((y1, h[:, cols])))
-    bwd = _ms(lambda: _grads(y1, [xd, col.weight, col.bias], grad1), iters, warmup, device,
-              world)
-    add("column", "backward", tokens, n, hidden, bwd,
-        err((dx1, ref_dx1), (dw1, ref_dw1.t()[:, cols]), (db1, ref_db1[cols])))
+        add("column", "forward", tokens, n, hidden, col_check[0], lambda: col(xd))
+    y1 = col(xd)
+    add("column", "backward", tokens, n, hidden, col_check[1],
+        lambda: _grads(y1, [xd, col.weight, col.bias], grad1))
 
     # Row-parallel fc2 on this rank's block of h (input_is_parallel).
     hd = hr.detach()[:, rows_].to(dtype).contiguous().requires_grad_(True)
     y2 = row(hd)
     dx2, dw2, db2 = _grads(y2, [hd, row.weight, row.bias], grad2)
     with torch.no_grad():
-        fwd = _ms(lambda: row(hd), iters, warmup, device, world)
-    add("row", "forward", tokens, hidden, k, fwd, err((y2, out)))
-    bwd = _ms(lambda: _grads(y2, [hd, row.weight, row.bias], grad2), iters, warmup, device,
-              world)
-    add("row", "backward", tokens, hidden, k, bwd,
-        err((dx2, ref_dx2[:, rows_]), (dw2, ref_dw2.t()[rows_]), (db2, ref_db2)))
+        add("row", "forward", tokens, hidden, k, _err((y2, out)), lambda: row(hd))
+    add("row", "backward", tokens, hidden, k,
+        _err((dx2, ref_dx2[:, rows_]), (dw2, ref_dw2.t()[rows_]), (db2, ref_db2)),
+        lambda: _grads(y2, [hd, row.weight, row.bias], grad2))
 
-    # The MLP block forward + backward, TP = P and TP = 1 (each rank alone).
+    # The MLP block forward + backward, TP = P and TP = 1 (each rank alone): checked on its
+    # output, dX and every parameter's gradient (this rank's shards at TP = P).
+    with torch.no_grad():
+        ref_out = fc2(torch.relu(fc1(x)))
     for group, (c, rw) in ((comm, (col, row)), (self_comm, layers(self_comm, overlap=False))):
         def block(c=c, rw=rw):
             xb = xd.detach().requires_grad_(True)
-            rw(c(xb)).backward(grad2)
-        add("mlp", "forward+backward", tokens, inner, hidden,
-            _ms(block, iters, warmup, device, world), None)
-        result[-1]["tp"] = group.size
+            y = rw(c(xb))
+            y.backward(grad2)
+            return y, xb.grad
+
+        shard = slice(r * n, (r + 1) * n) if group.size > 1 else slice(None)
+        for param in (c.weight, c.bias, rw.weight, rw.bias):
+            param.grad = None
+        y, dx = block()
+        error = _err((y, ref_out), (dx, ref_block[0]),
+                     (c.weight.grad, ref_block[1].t()[:, shard]),
+                     (c.bias.grad, ref_block[2][shard]),
+                     (rw.weight.grad, ref_block[3].t()[shard]), (rw.bias.grad, ref_block[4]))
+        add("mlp", "forward+backward", tokens, inner, hidden, error, block, tp=group.size)
     if p > 1:
-        result += overlap_rows(world, comm, device, dtype_name, xd.detach(), hd.detach(), grad1,
-                               (col, col_serial, row, row_serial), iters, warmup)
+        result += overlap_rows(world, comm, device, dtype_name, tol, xd.detach(), hd.detach(),
+                               grad1, (col, col_serial, row, row_serial), iters, warmup,
+                               refs=(fc1, fc2, hr.detach()[:, rows_], out, col_check,
+                                     (ref_dx1, ref_dw1.t()[:, cols], ref_db1[cols])))
     return result
 
 
-def overlap_rows(world, comm, device, dtype_name, xd, hd, grad_y, layers_, iters,
-                 warmup) -> list[dict]:
-    """Compute alone, communication alone, serial and overlapped, for both overlaps.
+def shares(compute: float, comm: float, overlapped: float) -> tuple[float, float]:
+    """(comm_hidden, overlap_efficiency) from compute alone, communication alone and the
+    overlapped run, all in ms: the time hidden, compute + comm - overlapped, as a share of
+    the communication and of the smaller of the two."""
+    hidden = compute + comm - overlapped
+    return hidden / comm, hidden / min(compute, comm)
+
+
+def _err(*pairs) -> float:
+    """The largest relative Frobenius error of (got, want) pairs, in fp32."""
+    return max(backends.relative_error(got.float(), want.float()) for got, want in pairs)
+
+
+def _column_check(col, xd, grad_y, ref_y, ref_grads, forward=True) -> tuple[float, float]:
+    """Forward (0.0 unless ``forward``) and backward errors of column-parallel layer ``col``
+    on ``xd``."""
+    with torch.enable_grad():
+        xs = xd.detach().requires_grad_(True)
+        y = col(xs)
+        dx, dw, db = _grads(y, [xs, col.weight, col.bias], grad_y)
+    return (_err((y, ref_y)) if forward else 0.0), _err(*zip((dx, dw, db), ref_grads))
+
+
+def overlap_rows(world, comm, device, dtype_name, tol, xd, hd, grad_y, layers_, iters,
+                 warmup, refs) -> list[dict]:
+    """Compute alone, communication alone, serial and overlapped, for both overlaps, each
+    checked before it is timed (module doc).
 
     ``xd`` is fc1's input, ``hd`` this rank's block of fc2's input and ``grad_y`` fc1's shard
-    of the upstream gradient, all in the layers' dtype.
+    of the upstream gradient, all in the layers' dtype. ``refs`` holds the fp32 references:
+    the dense ``fc1`` and ``fc2``, this rank's block of fc2's input in fp32, fc2's dense
+    output, the column layers' (forward, backward) errors already measured, and fc1's
+    reference gradients (dX, this rank's dW and db).
     """
     col, col_serial, row, row_serial = layers_
+    fc1, fc2, h_block, ref_out, col_errors, col_ref_grads = refs
     out = []
 
-    def record(layer, phase, m, n, k, compute, comm_ms, serial, overlapped, chunks=1):
-        out.append({"layer": layer, "phase": phase, "tp": comm.size, "M": m, "N": n, "K": k,
-                    "dtype": dtype_name, "chunks": chunks, "sm_margin": row.sm_margin,
-                    "compute_ms": compute, "comm_ms": comm_ms, "serial_ms": serial,
-                    "overlapped_ms": overlapped,
-                    "overlap_efficiency": (serial - overlapped) / min(compute, comm_ms),
-                    "comm_hidden": (serial - overlapped) / comm_ms})
+    def record(layer, phase, m, n, k, chunks, checks, timed):
+        """``checks``: the error of each piece; ``timed``: its call, timed if all pass."""
+        error = max(checks)
+        row_ = {"layer": layer, "phase": phase, "tp": comm.size, "M": m, "N": n, "K": k,
+                "dtype": dtype_name, "chunks": chunks, "sm_margin": row.sm_margin,
+                "max_rel_err": error, "ok": error <= tol, "compute_ms": None, "comm_ms": None,
+                "serial_ms": None, "overlapped_ms": None, "overlap_efficiency": None,
+                "comm_hidden": None}
+        if row_["ok"]:
+            times = [_ms(fn, iters, warmup, device, world) for fn in timed]
+            compute, comm_ms, serial, overlapped = times
+            comm_hidden, efficiency = shares(compute, comm_ms, overlapped)
+            row_.update(compute_ms=compute, comm_ms=comm_ms, serial_ms=serial,
+                        overlapped_ms=overlapped, comm_hidden=comm_hidden,
+                        overlap_efficiency=efficiency)
+        out.append(row_)
 
     stream = comm_stream(device) if device.type == "cuda" else None
 
@@ -184,30 +243,41 @@ def overlap_rows(world, comm, device, dtype_name, xd, hd, grad_y, layers_, iters
             comm.all_reduce(y[s], stream=stream)
 
     with torch.no_grad():
-        record("row", "forward", hd.shape[0], row.out_features, hd.shape[1],
-               _ms(gemms, iters, warmup, device, world), _ms(reduces, iters, warmup, device, world),
-               _ms(lambda: row_serial(hd), iters, warmup, device, world),
-               _ms(lambda: row(hd), iters, warmup, device, world), row.chunks)
+        gemms()  # this rank's partial product, then its sum over the ranks: fc2 less its bias
+        partial = h_block @ row.weight.float()
+        checks = [_err((y, partial))]
+        reduces()
+        checks += [_err((y, ref_out - fc2.bias)), _err((row_serial(hd), ref_out)),
+                   _err((row(hd), ref_out))]
+        record("row", "forward", hd.shape[0], row.out_features, hd.shape[1], row.chunks, checks,
+               (gemms, reduces, lambda: row_serial(hd), lambda: row(hd)))
 
-    # Column-parallel backward: the dW GEMM (what can overlap) alone, the dX all-reduce alone.
+    # Column-parallel backward: its GEMMs alone (dX, whose all-reduce then overlaps dW), the dX
+    # all-reduce alone.
     with torch.no_grad():
         dx = backends.gemm(grad_y, col.weight.t(), backend=col.backend)
+        dx_sum = comm.all_reduce(dx.clone())
+        dw_alone = backends.gemm(xd.t(), grad_y, backend=col.backend)
+    # dX summed over the ranks is grad_y's full width through fc1 (no ReLU mask here: the
+    # pieces time the layer's GEMM and all-reduce, not its activation).
+    grad_full = comm.all_gather(grad_y.float().t().contiguous()).t()
+    checks = [_err((dw_alone, xd.float().t() @ grad_y.float())),
+              _err((dx_sum, grad_full @ fc1.weight)), col_errors[1],
+              _column_check(col_serial, xd, grad_y, None, col_ref_grads, forward=False)[1]]
     xs = xd.detach().requires_grad_(True)
     ys = col_serial(xs)
     xo = xd.detach().requires_grad_(True)
     yo = col(xo)
-    def dw():
+
+    def gemms_backward():
+        backends.gemm(grad_y, col.weight.t(), backend=col.backend)
         with reserve_sms(col.sm_margin, device):
             backends.gemm(xd.t(), grad_y, backend=col.backend)
 
-    with torch.no_grad():
-        compute = _ms(dw, iters, warmup, device, world)
-    record("column", "backward", xd.shape[0], grad_y.shape[1], xd.shape[1], compute,
-           _ms(lambda: comm.all_reduce(dx, stream=stream), iters, warmup, device, world),
-           _ms(lambda: _grads(ys, [xs, col_serial.weight, col_serial.bias], grad_y), iters,
-               warmup, device, world),
-           _ms(lambda: _grads(yo, [xo, col.weight, col.bias], grad_y), iters, warmup, device,
-               world))
+    record("column", "backward", xd.shape[0], grad_y.shape[1], xd.shape[1], 1, checks,
+           (gemms_backward, lambda: comm.all_reduce(dx, stream=stream),
+            lambda: _grads(ys, [xs, col_serial.weight, col_serial.bias], grad_y),
+            lambda: _grads(yo, [xo, col.weight, col.bias], grad_y)))
     return out
 
 
@@ -218,15 +288,16 @@ def plot(rows: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    timed = [r for r in rows if r.get("ms") is not None]
-    lapped = [r for r in rows if "overlap_efficiency" in r]
+    timed = [r for r in rows if r.get("ms") is not None]  # FAIL rows have no time
+    lapped = [r for r in rows if r.get("overlap_efficiency") is not None]
     fig, axes = plt.subplots(1, 2, figsize=(12, 4), squeeze=False)
     ax = axes[0, 0]
     ax.barh([f"{r['layer']} {r['phase']}, TP={r['tp']}" for r in timed], [r["ms"] for r in timed])
     ax.invert_yaxis()
     ax.set_xlabel("ms")
     ax.tick_params(axis="y", labelsize=8)
-    ax.set_title(f"TP layers, {timed[0]['dtype']}, M = {timed[0]['M']}", fontsize=10)
+    if timed:
+        ax.set_title(f"TP layers, {timed[0]['dtype']}, M = {timed[0]['M']}", fontsize=10)
     ax = axes[0, 1]
     keys = ["compute_ms", "comm_ms", "serial_ms", "overlapped_ms"]
     for i, r in enumerate(lapped):

@@ -27,15 +27,27 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def pinned_triton_configs() -> list:
+    """One config of each of triton_fused's real autotune lists, the smallest tiles of each:
+    ``CONFIGS_16BIT[-1]`` (fp16, bf16 and TF32) and ``CONFIGS_FP32[-1]`` (IEEE fp32)."""
+    from backends import triton_fused
+
+    return [triton_fused.CONFIGS_16BIT[-1], triton_fused.CONFIGS_FP32[-1]]
+
+
 @pytest.fixture(autouse=True)
 def one_triton_config(request, monkeypatch):
     """On a GPU, autotuning each odd test shape would compile every config for every
-    specialization (minutes); tests pin one config unless marked ``autotune``. The launch
-    path is unchanged: a one-config autotuner runs it without benchmarking."""
+    specialization (minutes); tests pin one config per operand type unless marked
+    ``autotune`` (those run the real autotuner over every config). The pinned autotuner
+    holds ``pinned_triton_configs()`` and prunes them as the real one does
+    (``triton_fused._prune``: CONFIGS_16BIT for fp16, bf16 and TF32, CONFIGS_FP32 for IEEE
+    fp32), so each call runs a config of its own dtype's list; left with one config, Triton's
+    autotuner launches it without benchmarking. The launch path is unchanged."""
     if HAS_GPU and "autotune" not in request.keywords:
         from backends import triton_fused
 
-        pinned = triton_fused.autotuned([triton_fused.CONFIGS_FP32[-1]], prune=False)
+        pinned = triton_fused.autotuned(pinned_triton_configs())
         monkeypatch.setattr(triton_fused, "tuned_kernel", pinned)
 
 

@@ -62,6 +62,7 @@ def test_cpu_bench_end_to_end(tmp_path):
     assert all(r["timing"] == "cpu" and r["call_ms"] is None for r in rows)
     for r in rows:
         assert r["ok"] and r["rel_err"] <= r["tol"] and r["ms"] > 0 and r["tflops"] > 0
+        assert r["tol"] == backends.TOLERANCES[r["dtype"]]
     csv_lines = (tmp_path / "results.csv").read_text().splitlines()
     assert csv_lines[0].startswith("backend,launcher,dtype,epilogue,M,N,K,ms,tflops")
     assert len(csv_lines) == len(rows) + 1
@@ -196,6 +197,9 @@ def test_kernel_and_call_times_and_the_launch_bound_mark(fake_timers, timing):
     assert fast["host_us"] == pytest.approx(100) and fast["launch_bound"] is False
     assert slow["kernel_ms"] == pytest.approx(0.011) and slow["call_ms"] == pytest.approx(0.025)
     assert slow["host_us"] == pytest.approx(14) and slow["launch_bound"] is True
+    # 2 x 2 x 2 x 2 = 16 FLOP in the kernel time the fake timer gave, not the call time
+    assert fast["tflops"] == pytest.approx(16 / 1.1e-3 / 1e12)
+    assert slow["tflops"] == pytest.approx(16 / 0.011e-3 / 1e12)
 
 
 def test_a_row_whose_graph_gives_a_wrong_result_is_fail_and_untimed(monkeypatch):
@@ -227,13 +231,13 @@ def test_every_epilogue_is_checked_against_its_own_reference():
     assert all(r["ok"] and r["rel_err"] <= 1e-6 for r in rows), rows
 
 
-def test_git_commit_prefers_the_commit_a_copied_tree_names(monkeypatch):
-    from bench.results import git_commit
+def test_a_declared_commit_never_replaces_the_repositorys_own(monkeypatch):
+    from bench.results import git_commit, provenance
 
+    before = git_commit()
     monkeypatch.setenv("GEMMLAB_GIT_COMMIT", "0123abc")
-    assert git_commit() == "0123abc"
-    monkeypatch.delenv("GEMMLAB_GIT_COMMIT")
-    assert git_commit() != "0123abc"
+    assert git_commit() == before != "0123abc"
+    assert provenance()["declared_commit"] == "0123abc"
 
 
 def test_roofline_intensity_and_plot(tmp_path):

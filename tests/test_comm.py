@@ -2,13 +2,16 @@
 subprocess with a timeout, so a hang fails the test instead of blocking the suite."""
 
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from bench import comm_bench as cb
 from tp.comm.ring import chunk_bounds
@@ -25,12 +28,15 @@ needs_mpi = pytest.mark.skipif(MPIEXEC is None or not HAS_MPI4PY,
                                reason="needs mpiexec and mpi4py (pip install .[mpi])")
 
 
-def mpirun(n: int, *args: str, timeout: int = 180) -> subprocess.CompletedProcess:
-    """``mpiexec -n n python args...`` from the repository root, killed after ``timeout``."""
+def mpirun(n: int, *args: str, timeout: int = 180, env: dict | None = None
+           ) -> subprocess.CompletedProcess:
+    """``mpiexec -n n python args...`` from the repository root, killed after ``timeout``
+    (with ``env`` added to the environment)."""
     version = subprocess.run([MPIEXEC, "--version"], capture_output=True, text=True).stdout
     extra = ["--oversubscribe"] if "Open MPI" in version or "OpenRTE" in version else []
     return subprocess.run([MPIEXEC, *extra, "-n", str(n), sys.executable, *args],
-                          capture_output=True, text=True, cwd=REPO, timeout=timeout)
+                          capture_output=True, text=True, cwd=REPO, timeout=timeout,
+                          env=None if env is None else {**os.environ, **env})
 
 
 @needs_mpi
@@ -75,10 +81,56 @@ def test_ranks_disagreeing_on_the_size_abort_the_job(backend):
     result = mpirun(2, str(PROGRAMS / "fail.py"), "--mode", "mismatch", "--backend", backend,
                     timeout=60)
     assert result.returncode != 0
-    # The rank that receives too little reports it (the ring checks every message); the one
-    # that receives too much fails inside MPI. Whichever aborts first names the problem.
-    assert re.search(r"called the operation with different sizes|truncat", result.stderr,
-                     re.IGNORECASE), result.stderr
+    # The call check stops every rank before data moves, naming each rank's call.
+    assert ("the ranks disagree on the call (rank 0: all_reduce float32 (1000,); "
+            "rank 1: all_reduce float32 (1100,))") in result.stderr, result.stderr
+
+
+@needs_mpi
+@pytest.mark.parametrize("backend,code", [("ring", 3), ("mpi", 0)])
+def test_a_rank_that_exits_early_aborts_the_job_within_10_s(backend, code):
+    """sys.exit (any code) on one rank while the others wait in a collective: its exit
+    handshake times out after 10 s (the default) and aborts the job."""
+    start = time.monotonic()
+    result = mpirun(3, str(PROGRAMS / "fail.py"), "--mode", "exit", "--code", str(code),
+                    "--backend", backend, timeout=60)
+    elapsed = time.monotonic() - start
+    assert result.returncode != 0
+    assert "not every rank has reached the end within 10 s" in result.stderr, result.stderr
+    assert "finished" not in result.stdout
+    assert elapsed < 25  # 10 s of handshake, the rest is starting and stopping the ranks
+
+
+@needs_mpi
+@pytest.mark.parametrize("backend", ["mpi", "ring"])
+def test_a_failed_async_op_aborts_the_job_though_never_waited(backend):
+    start = time.monotonic()
+    result = mpirun(2, str(PROGRAMS / "fail.py"), "--mode", "async", "--backend", backend,
+                    timeout=60)
+    assert result.returncode != 0
+    assert time.monotonic() - start < 30  # the program would sleep 60 s
+    # The ring's receive reports the size (through tp.mpi.abort); MPI aborts by itself on
+    # a truncated message.
+    assert re.search(r"different sizes|truncat", result.stderr, re.IGNORECASE), result.stderr
+
+
+@needs_mpi
+def test_ranks_that_end_seconds_apart_end_normally():
+    result = mpirun(3, str(PROGRAMS / "fail.py"), "--mode", "late", "--backend", "ring",
+                    timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert sorted(re.findall(r"rank (\d) finished", result.stdout)) == ["0", "1", "2"]
+
+
+@needs_mpi
+@pytest.mark.parametrize("backend", ["mpi", "ring"])
+def test_a_receive_that_does_not_match_its_send_aborts_the_job(backend):
+    result = mpirun(2, str(PROGRAMS / "fail.py"), "--mode", "p2p", "--backend", backend,
+                    timeout=60)
+    assert result.returncode != 0
+    assert ("rank 1 receives 1000 int32 elements from rank 0, which sends 1000 float32"
+            in result.stderr), result.stderr
+    assert "finished" not in result.stdout
 
 
 @needs_mpi
@@ -92,23 +144,18 @@ def test_a_wrong_result_is_counted_not_timed():
 @needs_mpi
 def test_gemmlab_comm_on_cpu_end_to_end(tmp_path):
     result = mpirun(2, "-m", "bench.cli", "comm", "--device", "cpu", "-b", "1K", "-e", "64K",
-                    "-f", "4", "-n", "3", "-w", "1", "--op",
+                    "-f", "4", "-n", "4", "-w", "1", "-c", "2", "--call-check", "on,off", "--op",
                     "all_reduce,all_gather,reduce_scatter,all_to_all,broadcast",
                     "--backend", "mpi,ring", "--out", str(tmp_path))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "size (B)" in result.stdout and "#wrong" in result.stdout
     rows = json.loads((tmp_path / "results.json").read_text())["rows"]
     for row in rows:
-        for key in ("backend", "op", "dtype", "device", "ranks", "bytes", "time_us", "algbw",
-                    "busbw", "wrong"):
-            assert key in row
-        assert row["wrong"] == 0 and row["time_us"] > 0 and row["ranks"] == 2
-        factor = 2 * (2 - 1) / 2 if row["op"] == "all_reduce" else (
-            1.0 if row["op"] == "broadcast" else (2 - 1) / 2)
-        assert row["busbw"] == pytest.approx(row["algbw"] * factor)
-        assert row["algbw"] == pytest.approx(row["bytes"] / (row["time_us"] * 1e-6) / 1e9)
-    assert {(r["op"], r["backend"]) for r in rows} == {
-        (op, b) for op in cb.COLLECTIVES for b in ("mpi", "ring/mpi")}
+        assert row["ok"] and row["wrong"] == 0 and row["ranks"] == 2 and row["check_every"] == 2
+        assert row["time_us"] > 0 and row["algbw"] > 0 and row["busbw"] > 0
+    assert {(r["op"], r["backend"], r["call_check"]) for r in rows} == {
+        (op, b, check) for op in cb.COLLECTIVES for b in ("mpi", "ring/mpi")
+        for check in (True, False)}
     assert sorted({r["bytes"] for r in rows if r["op"] == "all_reduce"}) == [1024, 4096, 16384,
                                                                              65536]
     assert (tmp_path / "results.png").read_bytes()[:4] == b"\x89PNG"
@@ -136,3 +183,93 @@ def test_byte_sizes_parse_like_nccl_tests():
         cb.parse_bytes("1T")
     with pytest.raises(ValueError, match="step factor"):
         cb.sizes(1024, 512, 2)
+
+
+class _FakeWorld:
+    """One rank of ``size`` with mpi4py's lowercase calls: nothing to agree with."""
+
+    def __init__(self, size: int, rank: int):
+        self.size, self.rank = size, rank
+
+    def Get_size(self):
+        return self.size
+
+    def Get_rank(self):
+        return self.rank
+
+    def allreduce(self, value):
+        return value
+
+
+class _FakeComm:
+    """all_reduce that writes what ``result(call_index)`` returns."""
+
+    name = "fake"
+
+    def __init__(self, result):
+        self.result, self.calls = result, 0
+
+    def all_reduce(self, x, out):
+        out.copy_(self.result(self.calls))
+        self.calls += 1
+
+
+def _true_all_reduce(p: int, nbytes: int, count: int):
+    """The sum of the P ranks' inputs, regenerated from their seeds."""
+    return sum(cb.random_input(q, "all_reduce", nbytes, count, torch.device("cpu"))
+               for q in range(p))
+
+
+def test_comm_rows_report_the_measured_time_as_bandwidths(monkeypatch):
+    """4 KiB of fp32 on rank 1 of 4, every timed stretch 5 µs per call: algbw 4096 B / 5 µs =
+    0.8192 GB/s, busbw 0.8192 * 2 * 3 / 4 = 1.2288 GB/s (nccl-tests' all_reduce factor)."""
+    monkeypatch.setattr(cb, "seconds_per_call", lambda fn, n, device, world: 5e-6)
+    truth = _true_all_reduce(4, 4096, 1024).float()
+    row = cb.measure(_FakeComm(lambda i: truth), "all_reduce", 4096, torch.float32,
+                     torch.device("cpu"), _FakeWorld(4, 1), iters=6, warmup=1)
+    assert row["ok"] and row["wrong"] == 0
+    assert row["time_us"] == pytest.approx(5.0)
+    assert row["algbw"] == pytest.approx(0.8192)
+    assert row["busbw"] == pytest.approx(1.2288)
+
+
+def test_a_wrong_comm_row_is_fail_and_never_timed(monkeypatch):
+    def never(*args):
+        raise AssertionError("a FAIL row was timed")
+
+    monkeypatch.setattr(cb, "seconds_per_call", never)
+    row = cb.measure(_FakeComm(lambda i: torch.zeros(256)), "all_reduce", 1024, torch.float32,
+                     torch.device("cpu"), _FakeWorld(2, 0), iters=5, warmup=1)
+    truth = _true_all_reduce(2, 1024, 256)
+    assert not row["ok"] and row["wrong"] == int((truth != 0).sum()) > 0
+    assert row["time_us"] is None and row["algbw"] is None and row["busbw"] is None
+
+
+@pytest.mark.parametrize("check_every,caught", [(0, False), (3, True)])
+def test_check_every_n_iterations_catches_a_result_that_goes_wrong_later(
+        monkeypatch, check_every, caught):
+    """Right for the first call and the warm-up, wrong from the 5th call on: only checks
+    during the timed iterations (-c N) see it."""
+    def run_and_time(fn, n, device, world):
+        for _ in range(n):
+            fn()
+        return 1e-6
+
+    monkeypatch.setattr(cb, "seconds_per_call", run_and_time)
+    truth = _true_all_reduce(2, 1024, 256).float()
+    row = cb.measure(_FakeComm(lambda i: truth if i < 4 else truth + 1), "all_reduce", 1024,
+                     torch.float32, torch.device("cpu"), _FakeWorld(2, 0), iters=9, warmup=1,
+                     check_every=check_every)
+    assert row["ok"] is not caught
+    assert (row["time_us"] is None) is caught
+
+
+def test_comm_inputs_are_fresh_per_rank_and_size_and_reproducible():
+    cpu = torch.device("cpu")
+    a = cb.random_input(0, "all_reduce", 1024, 256, cpu)
+    assert torch.equal(a, cb.random_input(0, "all_reduce", 1024, 256, cpu))
+    assert a.min() >= -2 and a.max() <= 2 and len(set(a.tolist())) == 5
+    for other in (cb.random_input(1, "all_reduce", 1024, 256, cpu),
+                  cb.random_input(0, "all_reduce", 2048, 512, cpu)[:256],
+                  cb.random_input(0, "all_gather", 1024, 256, cpu)):
+        assert (other != a).float().mean() > 0.5  # unrelated draws agree on ~1/5

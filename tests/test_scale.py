@@ -121,3 +121,20 @@ def test_series_kills_a_run_past_its_timeout(tmp_path, capsys):
                                 "1", "--mpiexec", "sh -c 'sleep 30' sh", "--", *TINY])
     printed = capsys.readouterr().out
     assert status == 1 and "P=2: failed: timed out after 1 s" in printed
+
+
+def test_parameter_gradient_errors_are_relative_with_a_floor_for_zero_gradients():
+    """A weight gradient off by 10% reports 0.1; a gradient that is zero in exact arithmetic
+    (both sides rounding noise of 1e-9) is judged against the gradients' typical size (RMS
+    of the references together: sqrt((4 * 1 + 4 * 0) / 8))."""
+    import math
+
+    import torch
+
+    from bench.scale import _parameter_errors
+
+    weight, zero = torch.ones(4), torch.zeros(4)
+    errors = _parameter_errors([weight * 1.1, zero + 1e-9], [weight, zero])
+    assert errors[0] == pytest.approx(0.1)
+    assert errors[1] == pytest.approx(1e-9 / math.sqrt(0.5))
+    assert _parameter_errors([weight * float("nan"), zero], [weight, zero])[0] == math.inf

@@ -102,10 +102,60 @@ def test_overhead_benchmark_end_to_end_on_cpu(tmp_path):
     for r in rows:
         assert r["ok"] and (r["M"], r["N"], r["K"]) == (16, 16, 16)
         assert r["wrapped_us"] > 0 and r["gemm_us"] > 0 and r["untuned_us"] > 0
-        assert r["added_us"] == pytest.approx(r["gemm_us"] - r["wrapped_us"])
+        assert isinstance(r["added_us"], float)  # its value: the fake clock's test below
     assert rows[0]["tuned_us"] is None  # cublas has nothing to tune
-    assert rows[2]["tuned_us"] == pytest.approx(rows[2]["gemm_us"] - rows[2]["untuned_us"])
+    assert isinstance(rows[2]["tuned_us"], float)
     assert (tmp_path / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("name", ["cublas", "triton_fused"])
+def test_overhead_figures_come_from_the_timed_calls(monkeypatch, name):
+    """A fake clock that runs each timed function once, sees which call it was (the wrapped
+    call, gemm() tuned, gemm() untuned) and reports that call's next time: the probe (one
+    call each), then three rounds. The medians, the loop size and the differences are then
+    known in advance."""
+    import backends
+
+    seen = []
+    gemm = backends.gemm
+
+    def spy_gemm(*args, tuned=True, **kwargs):
+        seen.append("gemm" if tuned else "untuned")
+        return gemm(*args, tuned=tuned, **kwargs)
+
+    wrapped = overhead_bench._wrapped
+
+    def spy_wrapped(*args):
+        call = wrapped(*args)
+
+        def tagged():
+            seen.append("wrapped")
+            return call()
+        return tagged
+
+    #             probe, then the rounds (median: wrapped 2, gemm 7, untuned 6)
+    times = {"wrapped": iter([40.0, 3.0, 1.0, 2.0]), "gemm": iter([100.0, 9.0, 5.0, 7.0]),
+             "untuned": iter([20.0, 6.0, 4.0, 8.0])}
+    loops = []
+
+    def fake_host_us(fn, number, device):
+        fn()
+        loops.append((seen[-1], number))
+        return next(times[seen[-1]])
+
+    monkeypatch.setattr(backends, "gemm", spy_gemm)
+    monkeypatch.setattr(overhead_bench, "_wrapped", spy_wrapped)
+    monkeypatch.setattr(overhead_bench, "_host_us", fake_host_us)
+    device = torch.device("cuda" if HAS_GPU else "cpu")
+    row = overhead_bench.measure(name, "fp32", device, (8, 8, 8), rounds=3, number=200)
+    assert row["ok"], row["error"]
+    # The slowest probe took 100 µs: loops of 200 * 50 / 100 = 100 calls.
+    assert loops == [("gemm", 1), ("untuned", 1), ("wrapped", 1)] + [
+        ("gemm", 100), ("untuned", 100), ("wrapped", 100)] * 3
+    assert row["number"] == 100
+    assert (row["wrapped_us"], row["gemm_us"], row["untuned_us"]) == (2.0, 7.0, 6.0)
+    assert row["added_us"] == 5.0
+    assert row["tuned_us"] == (1.0 if name == "triton_fused" else None)  # cublas: nothing tuned
 
 
 def test_overhead_rows_fail_when_a_call_is_wrong(monkeypatch):

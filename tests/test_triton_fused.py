@@ -4,7 +4,7 @@ and autotuned on a GPU."""
 import pytest
 import torch
 import triton
-from conftest import HAS_GPU, assert_matches_reference, random_inputs
+from conftest import HAS_GPU, assert_matches_reference, pinned_triton_configs, random_inputs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -66,9 +66,48 @@ def test_autotuned_kernel(dtype, rng):
     m, n, k = 1000, 1031, 777
     a, b, c = random_inputs(m, n, k, dtype, "cuda", "full", rng)
     out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
-    gemm(a, b, c, activation="relu", backend="triton_fused", out=out)
+    # tuned=False: the autotuner, whatever the tuned table holds for this GPU.
+    gemm(a, b, c, activation="relu", backend="triton_fused", out=out, tuned=False)
     assert_matches_reference(out, a, b, c, "relu")
     assert "BLOCK_M" in triton_fused.last_config()
+    # The real autotuner (the fixture leaves it alone here), and its pick from the dtype's list.
+    assert triton_fused.tuned_kernel.configs == (triton_fused.CONFIGS_16BIT
+                                                 + triton_fused.CONFIGS_FP32)
+    own = triton_fused.CONFIGS_FP32 if dtype == torch.float32 else triton_fused.CONFIGS_16BIT
+    assert any(triton_fused.last_config() == f"{c}; pointer kernel" for c in own)
+
+
+# (dtype, allow_tf32, the list the autotuner keeps for it)
+OPERAND_TYPES = [(torch.float16, False, triton_fused.CONFIGS_16BIT),
+                 (torch.bfloat16, False, triton_fused.CONFIGS_16BIT),
+                 (torch.float32, True, triton_fused.CONFIGS_16BIT),
+                 (torch.float32, False, triton_fused.CONFIGS_FP32)]
+OPERAND_IDS = ["fp16", "bf16", "tf32", "fp32"]
+
+
+@pytest.mark.parametrize("dtype,tf32,own", OPERAND_TYPES, ids=OPERAND_IDS)
+def test_the_pinned_configs_leave_one_of_the_dtypes_own_list(dtype, tf32, own):
+    """The GPU tests' pinned autotuner (conftest ``one_triton_config``) holds one config of
+    each real list; the autotuner's prune keeps exactly the one of the call's operand type."""
+    pinned = pinned_triton_configs()
+    args = {"a_ptr": torch.empty(1, 1, dtype=dtype), "INPUT_PRECISION": "tf32" if tf32 else "ieee"}
+    kept = triton_fused._prune(pinned, args)
+    assert len(kept) == 1 and any(kept[0] is c for c in own)
+    by_name = triton_fused._prune(pinned, {"a_ptr": args["a_ptr"]},
+                                  INPUT_PRECISION=args["INPUT_PRECISION"])
+    assert by_name == kept
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,tf32,own", OPERAND_TYPES, ids=OPERAND_IDS)
+def test_gpu_tests_run_a_config_of_the_dtypes_own_list(dtype, tf32, own, rng):
+    """Unmarked tests launch, through gemm()'s unchanged path, the pinned config of their
+    operand type, not one config for every dtype."""
+    (expected,) = [c for c in pinned_triton_configs() if any(c is o for o in own)]
+    a, b, c = random_inputs(65, 33, 100, dtype, "cuda", "full", rng)
+    d = gemm(a, b, c, activation="relu", backend="triton_fused", allow_tf32=tf32, tuned=False)
+    assert_matches_reference(d, a, b, c, "relu", allow_tf32=tf32)
+    assert triton_fused.last_config() == f"{expected}; pointer kernel"
 
 
 # --- the persistent TMA kernel (PERSISTENT=1 in a pinned config) -------------------------------

@@ -328,6 +328,7 @@ def test_notes_name_a_table_in_the_repository_by_its_repository_path():
 # --- run_tune and gemmlab tune ---------------------------------------------------------------
 
 FAST = {"warmup_ms": 1, "rep_ms": 1, "min_reps": 1}
+FLOP_40_24_32 = 2 * 40 * 24 * 32  # the tuned shape of the fake-clock tests
 
 
 @interpreter_only
@@ -366,9 +367,13 @@ def test_run_tune_can_store_the_persistent_kernel_and_gemm_then_runs_it(table, l
     (row,) = tune.run_tune(["triton_fused"], [(40, 24, 32)], ["fp16"], DEVICE, out=table)
     assert row["tried"] == row["candidates"] == 8 and row["failed"] == row["rejected"] == 0
     assert row["default_ms"] == 2.0 and row["best_ms"] == 0.5 and row["stored"]
+    assert row["default_tflops"] == pytest.approx(FLOP_40_24_32 / 2e-3 / 1e12)
+    assert row["best_tflops"] == pytest.approx(FLOP_40_24_32 / 0.5e-3 / 1e12)
     assert "pointer kernel" in row["default_config"]
     stored = tuning.lookup("triton_fused", "cpu", "fp16", 40, 24, 32)
     assert stored["config"]["PERSISTENT"] == 1 and stored["config"] == row["best_config"]
+    assert stored["tflops"] == pytest.approx(FLOP_40_24_32 / 0.5e-3 / 1e12)
+    assert stored["default_tflops"] == pytest.approx(FLOP_40_24_32 / 2e-3 / 1e12)
 
     a, b, c = random_inputs(48, 24, 24, torch.float16, DEVICE, generator=rng)  # same bucket
     out = torch.full((48, 24), float("nan"), dtype=torch.float16, device=DEVICE)
@@ -399,6 +404,8 @@ def test_the_tables_entry_is_timed_in_the_same_run(table, monkeypatch, table_ms,
     monkeypatch.setattr(tune, "kernel_ms", fake_kernel_ms)
     (row,) = tune.run_tune(["triton_fused"], [(40, 24, 32)], ["fp32"], DEVICE, out=table)
     assert row["table_ms"] == table_ms and row["best_ms"] == 1.0
+    assert row["table_tflops"] == pytest.approx(FLOP_40_24_32 / (table_ms * 1e-3) / 1e12)
+    assert row["best_tflops"] == pytest.approx(FLOP_40_24_32 / 1e-3 / 1e12)
     assert row["stored"] is replaced
     (now,) = tuning.load(table).entries
     if replaced:
@@ -431,6 +438,7 @@ def test_finalists_are_chosen_by_their_median_over_the_final_rounds(table, monke
     best = row["best_config"]
     assert (best["BLOCK_M"], best["BLOCK_N"], best["PERSISTENT"]) == (32, 32, 1)
     assert row["best_ms"] == 1.0 and row["default_ms"] == 2.0 and row["stored"]
+    assert row["best_tflops"] == pytest.approx(FLOP_40_24_32 / 1e-3 / 1e12)
 
 
 @interpreter_only

@@ -88,19 +88,25 @@ class _TPLinear(nn.Module):
         elif (master.in_features, master.out_features) != (in_features, out_features):
             raise ValueError(f"master is {master.in_features} -> {master.out_features}; "
                              f"expected {in_features} -> {out_features}")
-        full = master.weight.detach().t()  # (in, out)
-        n = split_dim // p
-        shard = full[:, comm.rank * n:(comm.rank + 1) * n] if split == "columns" \
-            else full[comm.rank * n:(comm.rank + 1) * n]
+        self._split, self._part = split, slice(comm.rank * (split_dim // p),
+                                               (comm.rank + 1) * (split_dim // p))
+        shard = self.shard(master.weight.detach().t())  # of the (in, out) weight
         self.weight = nn.Parameter(shard.to(device=device, dtype=dtype).contiguous())
         self.bias = None
         if bias:
-            b = master.bias.detach()
-            b = b[comm.rank * n:(comm.rank + 1) * n] if split == "columns" else b
+            b = self.shard(master.bias.detach(), bias=True)
             self.bias = nn.Parameter(b.to(device=device, dtype=dtype).contiguous())
         self.in_features, self.out_features = in_features, out_features
         self.comm, self.backend, self.overlap = comm, backend, overlap
         self.sm_margin = sm_margin
+
+    def shard(self, full: torch.Tensor, bias: bool = False) -> torch.Tensor:
+        """This rank's part of a full (in, out) weight, or of a full (out,) bias (whole for a
+        row-parallel layer), as the layer cuts its own from the master: for comparing
+        gradients with a dense layer's."""
+        if self._split == "columns":
+            return full[self._part] if bias else full[:, self._part]
+        return full if bias else full[self._part]
 
     def _check_input(self, x: torch.Tensor, width: int, what: str) -> None:
         """Refuse an input whose last dimension is not ``width``, before any GEMM or

@@ -1,33 +1,75 @@
-"""MPI plumbing for every multi-rank gemmlab program: abort on the first exception, local
-ranks and GPU binding, and detection of a CUDA-aware MPI library."""
+"""MPI plumbing for every multi-rank gemmlab program: the whole job aborts when one rank
+leaves early, local ranks and GPU binding, and detection of a CUDA-aware MPI library."""
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import functools
+import os
 import sys
+import time
 import traceback
 
 import torch
 from mpi4py import MPI
 
+# Seconds a rank that reaches the end waits for the others there (GEMMLAB_EXIT_TIMEOUT).
+EXIT_TIMEOUT = 10.0
+_job: MPI.Comm | None = None  # the communicator abort() aborts, once installed
 
-def abort_on_exception(comm: MPI.Comm = MPI.COMM_WORLD) -> None:
-    """Make an uncaught exception on any rank abort the whole job instead of hanging it.
 
-    Without this, the failing rank exits while the others wait forever in their next
-    collective (and mpi4py's MPI_Finalize at exit waits too). The hook prints the traceback
-    prefixed with the rank, then calls ``MPI_Abort``, which makes ``mpiexec`` kill every rank
-    and exit non-zero (what ``python -m mpi4py`` does for scripts).
+def abort_on_exception(comm: MPI.Comm = MPI.COMM_WORLD, exit_timeout: float | None = None) -> None:
+    """Make any rank that leaves early abort the whole job instead of hanging it.
+
+    Without this, a rank that stops while the others wait in a collective leaves them
+    waiting forever (and mpi4py's MPI_Finalize at exit waits too). Installed here:
+
+    - an uncaught exception: the hook prints the traceback prefixed with the rank, then
+      calls ``MPI_Abort``, which makes ``mpiexec`` kill every rank and exit non-zero (what
+      ``python -m mpi4py`` does for scripts);
+    - an asynchronous communication op that fails on a worker thread: ``abort`` (the same),
+      even if its handle is never waited on (``tp.comm``'s host-driven backends call it);
+    - any exit, ``sys.exit`` with any code included: at exit each rank enters a barrier on a
+      private duplicate of ``comm`` and polls it; if the other ranks have not all arrived
+      within ``exit_timeout`` seconds (default ``GEMMLAB_EXIT_TIMEOUT`` or 10), they are
+      waiting for this one in an operation it will never join, and it aborts the job. Ranks
+      that legitimately finish further apart than that need a larger timeout.
+
+    Collective over ``comm``.
     """
+    global _job
+    _job = comm
+    timeout = (float(os.environ.get("GEMMLAB_EXIT_TIMEOUT", EXIT_TIMEOUT))
+               if exit_timeout is None else exit_timeout)
+    exits = comm.Dup()
+
     def hook(exc_type, exc, tb):
-        text = "".join(traceback.format_exception(exc_type, exc, tb))
-        rank = comm.Get_rank()
-        sys.stderr.write("".join(f"[rank {rank}] {line}\n" for line in text.splitlines()))
-        sys.stderr.flush()
-        comm.Abort(1)
+        abort("".join(traceback.format_exception(exc_type, exc, tb)))
+
+    def at_exit():
+        request, deadline = exits.Ibarrier(), time.monotonic() + timeout
+        while not request.Test():
+            if time.monotonic() > deadline:
+                abort(f"this rank is exiting, but not every rank has reached the end within "
+                      f"{timeout:g} s (GEMMLAB_EXIT_TIMEOUT): the others would wait for it "
+                      f"forever, so the job is aborted")
+            time.sleep(0.001)
 
     sys.excepthook = hook
+    atexit.register(at_exit)  # runs before mpi4py's MPI_Finalize (registered earlier)
+
+
+def abort(text: str) -> None:
+    """Print ``text`` prefixed with the rank on stderr and abort the job installed by
+    ``abort_on_exception`` (``MPI_Abort``: ``mpiexec`` kills every rank); without one,
+    return and let the caller raise."""
+    if _job is None:
+        return
+    rank = _job.Get_rank()
+    sys.stderr.write("".join(f"[rank {rank}] {line}\n" for line in text.splitlines()))
+    sys.stderr.flush()
+    _job.Abort(1)
 
 
 def local_rank(comm: MPI.Comm = MPI.COMM_WORLD) -> int:

@@ -41,6 +41,22 @@ for name in ("mpi", "ring"):
     expect_error(TypeError, "expected a torch.Tensor, got list", lambda: comm.all_reduce([1.0]))
     if name == "mpi":
         expect_error(TypeError, "mpi cannot sum torch.float16", lambda: comm.all_reduce(x.half()))
+    # Ranks that disagree on a call: every rank raises, before any data moves.
+    expect_error(ValueError, r"disagree on the call \(rank 0: all_gather float32 \(3,\); "
+                 r"rank 1: all_gather float32 \(4,\)\)",
+                 lambda: comm.all_gather(torch.ones(3 + me)))
+    same_bytes = torch.ones(4, dtype=(torch.float32, torch.int32)[me])
+    expect_error(ValueError, "rank 0: all_reduce float32 .*rank 1: all_reduce int32",
+                 lambda: comm.all_reduce(same_bytes))
+    expect_error(ValueError, "rank 0: broadcast float32 \\(4,\\) root 0; rank 1: .* root 1",
+                 lambda: comm.broadcast(torch.ones(4), me))
+    expect_error(ValueError, "rank 0: all_reduce .*rank 1: all_gather",
+                 lambda: (comm.all_reduce, comm.all_gather)[me](torch.ones(4)))
+    expect_error(ValueError, "disagree on the call",
+                 lambda: comm.reduce_scatter(torch.ones(4 + 2 * me)))
+    # Nothing moved: the communicator still works, and the results are right.
+    ones = torch.ones(4)
+    assert torch.equal(comm.all_reduce(ones), torch.full((4,), 2.0))
     comm.close()
 expect_error(ValueError, "unknown communicator 'gloo'; known: mpi, ring", lambda: create("gloo"))
 expect_error(ValueError, "nccl needs a CUDA device", lambda: create("nccl", world, "cpu"))

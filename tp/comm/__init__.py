@@ -20,12 +20,16 @@ from .base import Communicator, Work
 BACKENDS = ("mpi", "ring", "ring/mpi", "ring/nccl", "nccl")
 
 
-def create(name: str, comm=None, device: torch.device | str = "cpu") -> Communicator:
+def create(name: str, comm=None, device: torch.device | str = "cpu", *,
+           check: bool = True) -> Communicator:
     """A communicator ``name`` over the ranks of mpi4py ``comm`` (default COMM_WORLD).
 
     Collective: every rank of ``comm`` must call it with the same arguments. ``device`` is
     where its tensors live; NCCL-based backends need a CUDA device (bind it first with
-    ``tp.mpi.bind_device``).
+    ``tp.mpi.bind_device``). With ``check`` (the default) every call is checked against the
+    other ranks' before data moves: a different operation, dtype, shape or root on any rank
+    raises ValueError on every rank (``base.py``'s "Call checks"; its cost is what
+    ``gemmlab comm --call-check on,off`` measures).
 
     Raises:
         ValueError: unknown name (the message lists the known ones), or an NCCL backend
@@ -48,15 +52,19 @@ def create(name: str, comm=None, device: torch.device | str = "cpu") -> Communic
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     if name == "mpi":
-        return MpiCommunicator(comm)
-    if name == "ring/mpi":
-        return RingCommunicator(MpiTransport(comm))
-    if name == "ring/nccl":
-        return RingCommunicator(NcclTransport(create_nccl_comm(comm, device),
-                                              comm.Get_rank(), comm.Get_size()))
-    if name == "nccl":
-        return NcclCommunicator(comm, device)
-    raise ValueError(f"unknown communicator {name!r}; known: {', '.join(BACKENDS)}")
+        communicator = MpiCommunicator(comm)
+    elif name == "ring/mpi":
+        communicator = RingCommunicator(MpiTransport(comm))
+    elif name == "ring/nccl":
+        communicator = RingCommunicator(NcclTransport(create_nccl_comm(comm, device),
+                                                      comm.Get_rank(), comm.Get_size()))
+    elif name == "nccl":
+        communicator = NcclCommunicator(comm, device)
+    else:
+        raise ValueError(f"unknown communicator {name!r}; known: {', '.join(BACKENDS)}")
+    if check:
+        communicator.check_calls(comm)
+    return communicator
 
 
 __all__ = ["BACKENDS", "Communicator", "Work", "create"]

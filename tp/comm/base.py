@@ -18,6 +18,14 @@ Each call takes ``stream=`` (CUDA tensors only; default the current stream) and
 stream. Asynchronous calls return a ``Work``; ``work.wait()`` returns the result once it is
 safe to use on the current stream.
 
+Call checks (``check=True``, the default of ``tp.comm.create``): before any data moves, the
+ranks agree on the call. A collective's operation, dtype, shape and root are hashed into one
+integer and every rank takes the max and min of it over a private duplicate of the MPI
+communicator (one 16-byte ``MPI_Allreduce``); if they differ, every rank gathers the calls
+and raises the same ValueError naming each rank's. A ``send`` first sends its dtype and
+element count to the receiver, which compares them with its own before the data. The cost is
+measured by ``gemmlab comm --call-check on,off``.
+
 Two execution models:
 - stream-ordered (NCCL, ring over NCCL): the operation is enqueued on the stream; completion
   is a CUDA event, so the host never blocks.
@@ -33,12 +41,22 @@ from __future__ import annotations
 import concurrent.futures
 import functools
 import threading
+import traceback
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 from profiling.nvtx import annotate
+
+# The call header's codes: the same on every rank (dtypes in the order of their names).
+_OPS = {op: i for i, op in enumerate(("all_reduce", "all_gather", "reduce_scatter",
+                                      "all_to_all", "broadcast", "send", "recv"), 1)}
+_DTYPES = {d: i for i, d in enumerate(sorted(
+    {v for v in vars(torch).values() if isinstance(v, torch.dtype)}, key=str))}
+_HEADER_TAG = 9
+_SIGN_BITS = (1 << 62) - 1  # a non-negative int64 whose negation is one too
 
 
 class Work:
@@ -77,6 +95,18 @@ class Communicator(ABC):
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._pending: concurrent.futures.Future | None = None
         self._staging = threading.local()  # pinned buffers per thread (see _stage)
+        self._calls = self._p2p_calls = None  # the call checks' communicators
+
+    @property
+    def check(self) -> bool:
+        """Whether calls are checked across ranks before data moves (see the module doc)."""
+        return self._calls is not None
+
+    def check_calls(self, comm) -> None:
+        """Check every call against the other ranks' (module doc) over private duplicates of
+        mpi4py ``comm``, the group this communicator spans. Collective over ``comm``."""
+        self._calls, self._p2p_calls = comm.Dup(), comm.Dup()
+        self._header = np.zeros(2, dtype=np.int64)
 
     # The data movement each backend provides: flat contiguous tensors on one device.
     @abstractmethod
@@ -154,16 +184,18 @@ class Communicator(ABC):
         """Overwrite every rank's ``tensor`` with root's, in place."""
         self._check(tensor)
         self._check_peer(root, "root")
-        return self._launch("broadcast", lambda _, buf: self._broadcast(buf, root), tensor,
-                            tensor, stream, async_op, reads_out=True)
+        return self._launch("broadcast", _Op(lambda _, buf: self._broadcast(buf, root),
+                                             root=root),
+                            tensor, tensor, stream, async_op, reads_out=True)
 
     def send(self, tensor: torch.Tensor, dst: int, *,
              stream: torch.cuda.Stream | None = None, async_op: bool = False):
         """Send ``tensor`` to rank ``dst`` (which must post a matching ``recv``)."""
         self._check(tensor)
         self._check_peer(dst, "dst", distinct=True)
-        return self._launch("send", lambda src, _: self._send(src, dst), tensor, tensor,
-                            stream, async_op, writes_out=False, collective=False)
+        return self._launch("send", _Op(lambda src, _: self._send(src, dst), peer=dst),
+                            tensor, tensor, stream, async_op, writes_out=False,
+                            collective=False)
 
     def recv(self, tensor: torch.Tensor, src: int, *,
              stream: torch.cuda.Stream | None = None, async_op: bool = False):
@@ -174,8 +206,9 @@ class Communicator(ABC):
         """
         self._check(tensor)
         self._check_peer(src, "src", distinct=True)
-        return self._launch("recv", lambda _, buf: self._recv(buf, src), tensor, tensor,
-                            stream, async_op, reads_in=False, collective=False)
+        return self._launch("recv", _Op(lambda _, buf: self._recv(buf, src), peer=src),
+                            tensor, tensor, stream, async_op, reads_in=False,
+                            collective=False)
 
     def close(self) -> None:
         """Wait for pending work and stop the worker thread, if one was started."""
@@ -183,6 +216,10 @@ class Communicator(ABC):
             self._pending.result()
         if self._executor is not None:
             self._executor.shutdown()
+        for calls in (self._calls, self._p2p_calls):
+            if calls is not None:
+                calls.Free()
+        self._calls = self._p2p_calls = None
 
     # Checks.
     def _check(self, tensor: torch.Tensor, *, reduce: bool = False, blocks: bool = False):
@@ -237,8 +274,60 @@ class Communicator(ABC):
         asynchronous work; point-to-point calls do not, so an asynchronous ``send`` can
         overlap a synchronous ``recv``."""
         with annotate(f"{self.name} {label}"):
+            if self._calls is not None:
+                if collective:
+                    self._agree(label, src, getattr(op, "root", None))
+                else:
+                    op = self._headed(label, op)
             return self._execute(op, src, dst, stream, async_op, reads_in, reads_out,
                                          writes_out, collective)
+
+    def _agree(self, label: str, tensor: torch.Tensor, root: int | None) -> None:
+        """All ranks compare this collective call (operation, dtype, shape, root) before any
+        data moves; a disagreement raises the same ValueError on every rank.
+
+        Raises:
+            ValueError: the ranks called different operations, dtypes, shapes or roots.
+        """
+        from mpi4py import MPI
+
+        # Tuples of ints hash alike in every process (hash(None) need not: root -1 for none).
+        sig = hash((_OPS[label], _DTYPES[tensor.dtype], tuple(tensor.shape),
+                    -1 if root is None else root)) & _SIGN_BITS
+        header = self._header
+        header[0], header[1] = sig, -sig
+        self._calls.Allreduce(MPI.IN_PLACE, header, op=MPI.MAX)
+        if header[0] != sig or header[1] != -sig:
+            calls = self._calls.allgather((label, str(tensor.dtype).replace("torch.", ""),
+                                           tuple(tensor.shape), root))
+            listing = "; ".join(f"rank {r}: {c[0]} {c[1]} {c[2]}"
+                                + ("" if c[3] is None else f" root {c[3]}")
+                                for r, c in enumerate(calls))
+            raise ValueError(f"{self.name}: the ranks disagree on the call ({listing}); "
+                             f"every rank must call the same operation on the same shape and "
+                             f"dtype")
+
+    def _headed(self, label: str, op):
+        """``op`` (a send or recv) preceded by the call header: the sender sends its dtype and
+        element count, the receiver compares them with its own and raises on a difference
+        (before the data moves). Runs where the data moves, so asynchronous calls stay so."""
+        def headed(src: torch.Tensor, dst: torch.Tensor) -> None:
+            buf = dst if label == "recv" else src
+            mine = np.array([_DTYPES[buf.dtype], buf.numel()], dtype=np.int64)
+            if label == "send":
+                self._p2p_calls.Send(mine, op.peer, _HEADER_TAG)
+            else:
+                theirs = np.empty(2, dtype=np.int64)
+                self._p2p_calls.Recv(theirs, op.peer, _HEADER_TAG)
+                if not np.array_equal(mine, theirs):
+                    names = {i: str(d).replace("torch.", "") for d, i in _DTYPES.items()}
+                    raise ValueError(
+                        f"{self.name}: rank {self.rank} receives {mine[1]} "
+                        f"{names[int(mine[0])]} elements from rank {op.peer}, which sends "
+                        f"{theirs[1]} {names[int(theirs[0])]}")
+            op(src, dst)
+
+        return headed
 
     def _execute(self, op, src, dst, stream, async_op, reads_in, reads_out, writes_out,
                          collective):
@@ -270,7 +359,7 @@ class Communicator(ABC):
                 if self._executor is None:
                     self._executor = concurrent.futures.ThreadPoolExecutor(
                         max_workers=1, thread_name_prefix=f"gemmlab-{self.name}")
-                future = self._pending = self._executor.submit(run)
+                future = self._pending = self._executor.submit(_aborting, run)
 
         def wait() -> torch.Tensor:
             if future is not None:
@@ -317,3 +406,28 @@ class Communicator(ABC):
         host_src = local.pinned[:n_src].view(src.dtype)
         host_dst = host_src if same else local.pinned[offset:offset + n_dst].view(dst.dtype)
         return host_src, host_dst
+
+
+class _Op:
+    """A data movement ``fn(src, dst)`` with the root or peer it involves (for the checks)."""
+
+    __slots__ = ("fn", "root", "peer")
+
+    def __init__(self, fn, root: int | None = None, peer: int | None = None):
+        self.fn, self.root, self.peer = fn, root, peer
+
+    def __call__(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        self.fn(src, dst)
+
+
+def _aborting(run: Callable[[], None]) -> None:
+    """``run()`` on the worker thread; if it fails, the job is aborted (``tp.mpi.abort``,
+    when installed): the other ranks are inside the same operation and would wait forever,
+    even if this handle is never waited on. Without it, ``wait()`` raises the error."""
+    try:
+        run()
+    except BaseException as exc:
+        from ..mpi import abort  # imports mpi4py.MPI: only on this path
+
+        abort("".join(traceback.format_exception(exc)))
+        raise
