@@ -57,12 +57,16 @@ def _load(directory: str) -> dict:
 
 def _commit(meta: dict) -> str:
     """The commit a run names: ``git_commit``'s first 7 characters, marked dirty with the diff's
-    hash (or, in files written before ``git_dirty`` existed, by a ``-dirty`` suffix); else the
-    ``declared_commit`` of a copied tree, marked unverified."""
+    hash (or, in files written before ``git_dirty`` existed, by a ``-dirty`` suffix); the
+    ``declared_commit`` of a copied tree first when there is one, marked unverified, with the
+    copy's own HEAD when git found a different one there."""
     commit, declared = meta.get("git_commit"), meta.get("declared_commit")
-    if commit is None and declared is not None:
-        return (f"declared commit `{str(declared)[:7]}` (a copy of the tree without .git; "
-                "not verified)")
+    if declared is not None:
+        text = f"declared commit `{str(declared)[:7]}` (a copied tree; not verified"
+        if commit is not None and not str(declared).startswith(str(commit)[:7]):
+            text += (f"; the copy's own git HEAD, stale: `{str(commit)[:7]}`"
+                     + (" with changes" if meta.get("git_dirty") else ""))
+        return text + ")"
     if commit is None:
         return "commit `?`"
     commit = str(commit)

@@ -10,6 +10,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import re
 import shlex
 import subprocess
 import sys
@@ -47,6 +48,18 @@ def _run(*cmd: str, text: bool = True) -> str | bytes | None:
 
 
 ENV_PREFIXES = ("NCCL_", "CUDA_", "OMPI_", "MPICH_")
+# What mpiexec itself gives each process (ranks, sockets, session paths): no setting of the
+# run, and machine-specific.
+_LAUNCHER_ENV = re.compile(r"OMPI_(COMM_WORLD_|MCA_orte_|MCA_ess|MCA_pmix|MCA_plm|"
+                           r"MCA_initial_wdir|MCA_shmem_RUNTIME|FILE_LOCATION|ARGV|COMMAND|"
+                           r"APP_CTX|NUM_APP_CTX|FIRST_RANKS|UNIVERSE_SIZE)")
+
+
+def run_env(environ) -> dict[str, str]:
+    """The ``NCCL_*``, ``CUDA_*``, ``OMPI_*`` and ``MPICH_*`` variables of ``environ`` that
+    are settings (the launcher's own per-process ones left out), sorted by name."""
+    return {name: str(environ[name]) for name in sorted(environ)
+            if name.startswith(ENV_PREFIXES) and not _LAUNCHER_ENV.match(name)}
 
 
 def _git() -> dict:
@@ -77,7 +90,7 @@ def _mpi_version() -> str | None:
     if mpi is None:
         return None
     try:
-        lines = mpi.Get_library_version().strip().splitlines()
+        lines = mpi.Get_library_version().replace("\x00", "").strip().splitlines()
     except Exception:
         return None
     return lines[0].strip() if lines else None
@@ -95,15 +108,14 @@ def provenance() -> dict:
     - ``declared_commit``: ``$GEMMLAB_GIT_COMMIT``, the commit a copied tree without ``.git``
       says it is a copy of (not verified); None when unset.
     - ``env``: every environment variable named ``NCCL_*``, ``CUDA_*``, ``OMPI_*`` or
-      ``MPICH_*``, sorted by name.
+      ``MPICH_*``, sorted by name, less those mpiexec gives each process (``run_env``).
     - ``nccl_version``: torch's NCCL (``"2.28.9"``) when CUDA is available; else None.
     - ``mpi_version``: the first line of ``MPI.Get_library_version()`` when this process has
       already imported ``mpi4py.MPI``; else None (importing it would initialise MPI).
     """
     return {**_git(),
             "declared_commit": os.environ.get("GEMMLAB_GIT_COMMIT") or None,
-            "env": {name: str(os.environ[name]) for name in sorted(os.environ)
-                    if name.startswith(ENV_PREFIXES)},
+            "env": run_env(os.environ),
             "nccl_version": _nccl_version(),
             "mpi_version": _mpi_version()}
 

@@ -176,8 +176,13 @@ SHA = "0123456789abcdef0123456789abcdef01234567"
     ({"git_commit": SHA + "-dirty"}, "commit `0123456` (dirty)"),  # files before git_dirty
     ({"git_commit": "6d5e28a"}, "commit `6d5e28a`"),
     ({"git_commit": None, "declared_commit": "abcdef0123"},
-     "declared commit `abcdef0` (a copy of the tree without .git; not verified)"),
-    ({"git_commit": SHA, "declared_commit": "abcdef0123"}, "commit `0123456`"),
+     "declared commit `abcdef0` (a copied tree; not verified)"),
+    # A copy that carries an old .git: both, the declared one first.
+    ({"git_commit": SHA, "git_dirty": True, "declared_commit": "abcdef0123"},
+     "declared commit `abcdef0` (a copied tree; not verified; the copy's own git HEAD, stale: "
+     "`0123456` with changes)"),
+    ({"git_commit": SHA, "declared_commit": SHA}, "declared commit `0123456` (a copied tree; "
+     "not verified)"),
     ({"git_commit": None, "declared_commit": None}, "commit `?`"),
 ])
 def test_table_provenance_names_the_commit_and_its_state(meta, commit):
