@@ -69,6 +69,9 @@ def abort(text: str) -> None:
     rank = _job.Get_rank()
     sys.stderr.write("".join(f"[rank {rank}] {line}\n" for line in text.splitlines()))
     sys.stderr.flush()
+    # mpiexec forwards a rank's output through a pipe; the kill that MPI_Abort starts can
+    # outrun it on a loaded machine (seen in CI: the job aborted, the message lost).
+    time.sleep(0.5)
     _job.Abort(1)
 
 
