@@ -62,15 +62,15 @@ def run_env(environ) -> dict[str, str]:
             if name.startswith(ENV_PREFIXES) and not _LAUNCHER_ENV.match(name)}
 
 
-def _git() -> dict:
-    """``git_commit``, ``git_dirty`` and ``git_diff_sha256`` of the checkout (see
-    ``provenance``); all None where there is no git or no commit."""
+def _git(hash_diff: bool = True) -> dict:
+    """``git_commit``, ``git_dirty`` and ``git_diff_sha256`` (only with ``hash_diff``) of the
+    checkout (see ``provenance``); all None where there is no git or no commit."""
     commit = _run("git", "rev-parse", "HEAD")
     if not commit:
         return {"git_commit": None, "git_dirty": None, "git_diff_sha256": None}
     status = _run("git", "status", "--porcelain", "--untracked-files=no")
     dirty = None if status is None else bool(status)
-    diff = _run("git", "diff", "HEAD", text=False) if dirty else None
+    diff = _run("git", "diff", "HEAD", text=False) if dirty and hash_diff else None
     return {"git_commit": commit, "git_dirty": dirty,
             "git_diff_sha256": None if diff is None else hashlib.sha256(diff).hexdigest()}
 
@@ -124,7 +124,7 @@ def git_commit() -> str:
     """HEAD of the checkout, with ``-dirty`` when tracked files differ from it; ``"unknown"``
     without git. Never taken from the environment. For ``gemmlab tune``'s table entries, which
     have one commit field; result files record ``provenance()``."""
-    git = _git()
+    git = _git(hash_diff=False)
     if git["git_commit"] is None:
         return "unknown"
     return git["git_commit"] + ("-dirty" if git["git_dirty"] else "")
