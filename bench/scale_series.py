@@ -40,7 +40,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from .results import REPO, collect_meta, write_results
+from .recording import REPO, collect_meta, write_results
 from .scale import CANNOT_RUN, MODES
 
 

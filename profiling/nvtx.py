@@ -34,6 +34,8 @@ from pathlib import Path
 
 import nvtx
 
+from .cuda_toolkit import toolkit_include_dirs
+
 DOMAIN = "gemmlab"
 _SHIM = """#include <nvtx3/nvToolsExtCudaRt.h>
 void gemmlab_name_stream(void* stream, const char* name) {
@@ -83,8 +85,6 @@ class annotate:
 @functools.cache
 def _shim() -> tuple[ctypes.CDLL | None, str | None]:
     """The compiled stream-naming shim, or None and why not."""
-    from backends.cuda import toolkit_include_dirs
-
     compiler = shutil.which("cc") or shutil.which("gcc")
     headers = [d for d in toolkit_include_dirs() if (d / "nvtx3" / "nvToolsExtCudaRt.h").is_file()]
     if compiler is None or not headers:

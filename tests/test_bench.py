@@ -232,7 +232,7 @@ def test_every_epilogue_is_checked_against_its_own_reference():
 
 
 def test_a_declared_commit_never_replaces_the_repositorys_own(monkeypatch):
-    from bench.results import git_commit, provenance
+    from bench.recording import git_commit, provenance
 
     before = git_commit()
     monkeypatch.setenv("GEMMLAB_GIT_COMMIT", "0123abc")
@@ -242,7 +242,7 @@ def test_a_declared_commit_never_replaces_the_repositorys_own(monkeypatch):
 
 def test_roofline_intensity_and_plot(tmp_path):
     from bench import gemm_bench as gb
-    from profiling import roofline
+    from bench import roofline
 
     row = {"backend": "cublas", "dtype": "fp16", "epilogue": "relu_c", "M": 4096, "N": 4096,
            "K": 4096, "tflops": 600.0}

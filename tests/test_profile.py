@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from profiling import cli, ncu, nsys
+from bench.commands import profile as cli
+from profiling import ncu, nsys
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "profiling"
 SECTIONS = ["--section", "SpeedOfLight", "--section", "MemoryWorkloadAnalysis", "--section",

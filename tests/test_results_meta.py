@@ -1,4 +1,4 @@
-"""Provenance in results files (bench.results.provenance, collect_meta) and how the README's
+"""Provenance in results files (bench.recording.provenance, collect_meta) and how the README's
 tables name it (bench.readme_tables); CPU only."""
 
 import hashlib
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from bench import readme_tables as rt
-from bench import results
+from bench import recording as results
 
 REPO = Path(__file__).resolve().parent.parent
 HAS_GIT = shutil.which("git") is not None
@@ -134,7 +134,7 @@ def test_env_records_nccl_cuda_and_mpi_variables(monkeypatch):
 
 
 def test_writing_results_does_not_initialise_mpi():
-    code = ("import json, sys; import bench.results as r; m = r.collect_meta(); "
+    code = ("import json, sys; import bench.recording as r; m = r.collect_meta(); "
             "print(json.dumps([m['mpi_version'], 'mpi4py.MPI' in sys.modules]))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, capture_output=True,
                          text=True, timeout=300).stdout

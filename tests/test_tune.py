@@ -3,7 +3,6 @@ their pruning, shape buckets, load/save/merge, lookup and why_not, gemm(tuned=Tr
 entry, and ``gemmlab tune`` end to end. Every test reads and writes a table under tmp_path
 (through GEMMLAB_TUNED_FILE), never backends/tuned.json."""
 
-import argparse
 import io
 import json
 import re
@@ -17,6 +16,7 @@ from rich.console import Console
 import backends
 from backends import gemm, triton_fused, tuning
 from bench import tune
+from bench.cli import build_parser
 
 DEVICE = torch.device("cuda" if HAS_GPU else "cpu")
 GPU = tuning.device_name(DEVICE)
@@ -526,9 +526,7 @@ def _default_reports(default_ms, kernel_ms=tune.kernel_ms):
 
 
 def gemmlab_tune(*argv):
-    parser = argparse.ArgumentParser(prog="gemmlab")
-    tune.add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["tune", *argv])
+    args = build_parser().parse_args(["tune", *argv])
     output = io.StringIO()
     code = args.func(args, Console(file=output, width=200))
     return code, output.getvalue()

@@ -32,14 +32,14 @@ import contextlib
 import contextvars
 import ctypes
 import functools
-import os
-import shutil
 import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+
+from profiling.cuda_toolkit import toolkit_include_dirs
 
 from ..problem import Problem
 
@@ -264,18 +264,6 @@ def pycuda_unavailable_reason() -> str | None:
 def compile_options(arch: str, defines: tuple[str, ...]) -> tuple[str, ...]:
     """NVRTC/nvcc options for ``arch`` (e.g. ``"sm_90"``) and a kernel's ``-D`` defines."""
     return (f"-arch={arch}", "-std=c++17", f"-I{SOURCE_DIR}", *defines)
-
-
-def toolkit_include_dirs() -> tuple[Path, ...]:
-    """Include directories of the CUDA toolkits on this machine, most specific first:
-    ``$CUDA_HOME``, ``$CUDA_PATH``, the toolkit of the ``nvcc`` on PATH, ``/usr/local/cuda``
-    (those that exist, without repeats)."""
-    roots = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")]
-    if (nvcc := shutil.which("nvcc")) is not None:
-        roots.append(str(Path(nvcc).resolve().parent.parent))
-    roots.append("/usr/local/cuda")
-    dirs = [Path(root) / "include" for root in roots if root]
-    return tuple(dict.fromkeys(d for d in dirs if (d / "cuda_runtime_api.h").is_file()))
 
 
 @functools.cache

@@ -21,7 +21,8 @@ from pathlib import Path
 import torch
 
 import backends
-from bench.timing import kernel_ms
+
+from .timing import kernel_ms
 
 CEILING_SHAPE = 8192
 COPY_BYTES = 1 << 30

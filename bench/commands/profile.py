@@ -1,6 +1,6 @@
 """``gemmlab profile {ncu,nsys} [options] -- <command...>``: Nsight sessions around any gemmlab
 command (``profiling.ncu``, ``profiling.nsys``), each writing ``results.json`` / ``.csv`` /
-``.png`` (``bench.results.write_results``) beside the reports in ``--out``."""
+``.png`` (``bench.recording.write_results``) beside the reports in ``--out``."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import re
 from rich.console import Console
 from rich.table import Table
 
-from . import ncu, nsys
+from profiling import ncu, nsys
 
 
 def _command(args: argparse.Namespace) -> list[str]:
@@ -34,7 +34,7 @@ def _regex(text: str) -> str:
     return text
 
 
-def cmd_ncu(args: argparse.Namespace, console: Console) -> int:
+def run_ncu(args: argparse.Namespace, console: Console) -> int:
     """Returns the profiled command's exit status, 2 when ncu is missing or the command is
     empty, 1 when no kernel was profiled."""
     try:
@@ -51,7 +51,7 @@ def cmd_ncu(args: argparse.Namespace, console: Console) -> int:
     if not rows:
         console.print(f"error: no kernel in the report {args.out}/report.ncu-rep")
         return 1
-    from bench.results import collect_meta, write_results
+    from bench.recording import collect_meta, write_results
 
     table = Table(title="ncu: one row per profiled kernel")
     for col in ("id", "range", "kernel", "grid", "block", "µs", "SM %", "DRAM %", "occupancy %",
@@ -75,7 +75,7 @@ def cmd_ncu(args: argparse.Namespace, console: Console) -> int:
     return status
 
 
-def cmd_nsys(args: argparse.Namespace, console: Console) -> int:
+def run_nsys(args: argparse.Namespace, console: Console) -> int:
     """Returns the profiled command's exit status, 2 when nsys is missing or the command is
     bad, 1 when no report came out or its analysis failed."""
     try:
@@ -87,7 +87,7 @@ def cmd_nsys(args: argparse.Namespace, console: Console) -> int:
     except RuntimeError as exc:
         console.print(f"error: {exc}")
         return 1
-    from bench.results import collect_meta, write_results
+    from bench.recording import collect_meta, write_results
 
     for result in reports:
         who = result["report"]
@@ -154,7 +154,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                     "(default: profiles/ncu)")
     nc.add_argument("command", nargs=argparse.REMAINDER,
                     help="-- then the command to profile, e.g. gemmlab bench ...")
-    nc.set_defaults(func=cmd_ncu)
+    nc.set_defaults(func=run_ncu)
 
     ns = tools.add_parser(
         "nsys", help="Nsight Systems: one report per rank, summaries, comm/compute overlap",
@@ -173,5 +173,5 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                     "mpiexec --version: OMPI_COMM_WORLD_RANK or PMI_RANK)")
     ns.add_argument("command", nargs=argparse.REMAINDER,
                     help="-- then the command, e.g. mpiexec -n 2 gemmlab tp ...")
-    ns.set_defaults(func=cmd_nsys)
+    ns.set_defaults(func=run_nsys)
     return profile

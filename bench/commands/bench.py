@@ -1,0 +1,274 @@
+"""``gemmlab bench``: check every backend against float64, then time it (the main job); with
+``--overhead``, what ``gemm()`` costs the host per call."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from ..session import csv_list, prepare_backends
+
+
+def run(args: argparse.Namespace, console: Console) -> int:
+    gpu = prepare_backends(console)
+    import backends
+    from backends.cuda import LAUNCHERS, pycuda_unavailable_reason
+
+    from .. import gemm_bench as gb
+    from ..recording import collect_meta, write_results
+
+    device = torch.device("cuda" if gpu else "cpu")
+    try:
+        shapes = [gb.parse_shape(s) for s in csv_list(args.shapes)] if args.shapes else (
+            gb.GPU_SHAPES if gpu else gb.CPU_SHAPES)
+    except ValueError as exc:
+        console.print(f"error: {exc}")
+        return 2
+    dtype_names = (csv_list(args.dtypes) if args.dtypes
+                   else (gb.GPU_DTYPES if gpu else gb.CPU_DTYPES))
+    epilogues = tuple(csv_list(args.epilogues))
+    unknown = [d for d in dtype_names if d not in gb.DTYPES]
+    unknown += [e for e in epilogues if e not in gb.EPILOGUES]
+    names = csv_list(args.backends) if args.backends else list(backends.BACKENDS)
+    unknown += [n for n in names if n not in backends.BACKENDS]
+    if unknown:
+        console.print(f"error: unknown {', '.join(unknown)}; backends: "
+                      f"{', '.join(backends.BACKENDS)}; dtypes: {', '.join(gb.DTYPES)}; "
+                      f"epilogues: {', '.join(gb.EPILOGUES)}")
+        return 2
+    if dtype_names and (why := gb.too_large(shapes, dtype_names, device, epilogues or
+                                             ("relu_c",))) is not None:
+        console.print(f"error: {why}")
+        return 2
+    names = gb.runnable(names, console.print)
+
+    launchers = tuple(csv_list(args.launcher))
+    if unknown := [x for x in launchers if x not in LAUNCHERS]:
+        console.print(f"error: unknown launcher {', '.join(unknown)}; known: "
+                      f"{', '.join(LAUNCHERS)}")
+        return 2
+    if "pycuda" in launchers and (why := pycuda_unavailable_reason()) is not None:
+        console.print(f"skipped launcher pycuda: {why}")
+        launchers = tuple(x for x in launchers if x != "pycuda")
+    if not launchers:
+        launchers = ("cupy",)
+
+    if args.rounds < 1:
+        console.print(f"error: --rounds must be >= 1, got {args.rounds}")
+        return 2
+    if args.overhead:
+        return _overhead(args, names, dtype_names, shapes if args.shapes else None, device,
+                         console)
+    timing = gb.Timing(args.warmup_ms, args.rep_ms, args.min_reps, args.rounds, args.timing)
+    with Progress(console=console, transient=True) as progress:
+        total = gb.count_rows(names, shapes, dtype_names, device, epilogues, launchers)
+        task = progress.add_task("bench", total=total)
+
+        def step(description: str) -> None:
+            progress.update(task, description=description, advance=1)
+
+        rows = gb.run_sweep(names, shapes, dtype_names, device, timing, args.seed, epilogues, step,
+                            launchers)
+    extra = {}
+    if args.resources:
+        extra["resources"] = _resources_table(rows, device, console)
+    if args.roofline:
+        from bench.roofline import CEILING_SHAPE, measure_ceilings
+
+        if device.type != "cuda":
+            console.print("--roofline: no GPU here; the ceilings are measured on a GPU only")
+        else:
+            extra["ceilings"] = measure_ceilings(dtype_names, device, gb.DTYPES)
+            peaks = ", ".join(f"{k} {v:.1f} TFLOP/s" for k, v in
+                              extra["ceilings"]["peak_tflops"].items())
+            console.print(f"ceilings, this run: copy {extra['ceilings']['bandwidth_gbps']:.0f} "
+                          f"GB/s; cuBLAS at {CEILING_SHAPE}^3: {peaks}")
+
+    title = "gemmlab bench" + ("" if gpu else "  [CPU functional check: wall times]")
+    table = Table(title=title, caption="kernel ms: CUDA-graph replay, L2 flushed (eager where "
+                  "marked e); call ms: one eager call to an idle GPU; * launch-bound (call > "
+                  f"{1 + gb.LAUNCH_BOUND:.1f} x kernel); % of the best of cublas and cublaslt"
+                  if gpu else None)
+    for col in ("backend", "dtype", "D =", "M", "N", "K", "kernel ms", "call ms", "TFLOP/s",
+                "% best cuBLAS", "x compile", "rel err", "check"):
+        numeric = col not in ("backend", "dtype", "D =", "check")
+        table.add_column(col, justify="right" if numeric else "left")
+    for r in rows:
+        label = r["backend"] + (f" ({r['launcher']})" if len(launchers) > 1 and r["launcher"]
+                                else "")
+        kernel = gb.fmt(r["kernel_ms"], ".4f") + (" e" if r["timing"].startswith("eager")
+                                                  else "")
+        call = gb.fmt(r["call_ms"], ".4f") + ("*" if r["launch_bound"] else "")
+        table.add_row(label, r["dtype"], gb.FORMULAS[r["epilogue"]],
+                      str(r["M"]), str(r["N"]), str(r["K"]), kernel, call,
+                      gb.fmt(r["tflops"], ".2f"), gb.fmt(r["pct_best_cublas"], ".1f"),
+                      gb.fmt(r["x_torch_compile"], ".2f"), gb.fmt(r["rel_err"], ".1e"),
+                      "PASS" if r["ok"] else "FAIL")
+    console.print(table)
+    failed = [r for r in rows if not r["ok"]]
+    for r in rows:
+        if r["timing"].startswith("eager: "):
+            console.print(f"timed eagerly, {r['backend']} {r['dtype']} {r['M']}x{r['N']}x"
+                          f"{r['K']}: the CUDA graph capture failed ({r['timing'][7:]})")
+    for r in failed:
+        why = r["error"] or f"relative error {r['rel_err']:.2e} > tolerance {r['tol']:.0e}"
+        console.print(f"FAIL {r['backend']} {r['dtype']} {gb.FORMULAS[r['epilogue']]} "
+                      f"{r['M']}x{r['N']}x{r['K']}: {why}")
+    if args.out:
+        for path in write_results(args.out, collect_meta(), rows, gb.plot, **extra):
+            console.print(f"wrote {path}")
+        if "ceilings" in extra:
+            from bench.roofline import plot as plot_roofline
+
+            path = Path(args.out) / "roofline.png"
+            plot_roofline(rows, extra["ceilings"], gb.DTYPES, gb.EPILOGUES, path)
+            console.print(f"wrote {path}")
+    console.print(f"{len(rows) - len(failed)} of {len(rows)} rows passed the float64 check")
+    return 1 if failed else 0
+
+
+
+
+def _overhead(args, names: list[str], dtype_names: list[str], shapes, device: torch.device,
+              console: Console) -> int:
+    """``gemmlab bench --overhead``: host µs per call of gemm() against the call it wraps."""
+    import backends
+
+    from .. import gemm_bench as gb
+    from .. import overhead_bench as ob
+    from ..recording import collect_meta, write_results
+
+    shapes = shapes or [ob.SHAPE]
+    rows = []
+    for shape in shapes:
+        for name in names:
+            impl = backends.BACKENDS[name]
+            for dtype_name in dtype_names:
+                if gb.supports(impl, dtype_name, device):
+                    rows.append(ob.measure(name, dtype_name, device, shape, seed=args.seed))
+                    break  # one dtype per backend: the first of --dtypes it supports
+    table = Table(title="gemm() host overhead, µs per call (median of timeit loops)",
+                  caption=f"targets: gemm() adds <= {ob.TARGET_ADDED_US:g} µs; triton_fused "
+                  f"<= {ob.TARGET_TRITON_US:g}, CUDA C <= {ob.TARGET_CUDA_US:g} µs per call; "
+                  f"tuned look-up <= {ob.TARGET_TUNED_US:g} µs")
+    for col in ("backend", "dtype", "M", "N", "K", "wrapped call", "gemm()", "added",
+                "untuned gemm()", "tuned look-up", "check", "targets"):
+        table.add_column(col, justify="left" if col in ("backend", "dtype", "check", "targets")
+                         else "right")
+    for r in rows:
+        missed = ob.targets_missed(r) if r["ok"] else []
+        r["targets_missed"] = missed
+        table.add_row(r["backend"], r["dtype"], str(r["M"]), str(r["N"]), str(r["K"]),
+                      gb.fmt(r["wrapped_us"], ".2f"), gb.fmt(r["gemm_us"], ".2f"),
+                      gb.fmt(r["added_us"], ".2f"), gb.fmt(r["untuned_us"], ".2f"),
+                      gb.fmt(r["tuned_us"], ".2f"), "PASS" if r["ok"] else "FAIL",
+                      "; ".join(missed) or ("met" if r["ok"] else "-"))
+    console.print(table)
+    failed = [r for r in rows if not r["ok"]]
+    for r in failed:
+        console.print(f"FAIL {r['backend']} {r['dtype']}: {r['error']}")
+    if args.out:
+        for path in write_results(args.out, collect_meta(), rows, ob.plot):
+            console.print(f"wrote {path}")
+    console.print(f"{len(rows) - len(failed)} of {len(rows)} backends passed the float64 check")
+    return 1 if failed else 0
+
+
+
+
+def _resources_table(rows: list[dict], device: torch.device, console: Console) -> list[dict]:
+    """Registers, shared and local memory, threads and theoretical occupancy of every CUDA C
+    kernel configuration the rows ran (the tuned one where the table had an entry), beside its
+    best TFLOP/s; printed, and returned for results.json."""
+    import backends
+    from backends import tuning
+    from backends.cuda.resources import resources
+    from backends.registry import CUDA_KERNELS
+
+    from .. import gemm_bench as gb
+
+    if device.type != "cuda":
+        console.print("--resources: no GPU here; resources are read from the compiled kernels "
+                      "on a GPU only")
+        return []
+    ran: dict[tuple, tuple] = {}  # (backend, dtype, tile sizes) -> (kernel, rows)
+    for r in rows:
+        if r["backend"] not in CUDA_KERNELS:
+            continue
+        dtype = gb.DTYPES[r["dtype"]][0]
+        choice = tuning.resolve(backends.BACKENDS[r["backend"]], device, dtype, False,
+                                r["M"], r["N"], r["K"])
+        kernel = choice.config or CUDA_KERNELS[r["backend"]]
+        key = r["backend"], r["dtype"], tuple(sorted(kernel.params.items()))
+        ran.setdefault(key, (kernel, []))[1].append(r)
+    report = []
+    for (name, dtype_name, _), (kernel, used) in ran.items():
+        dtype = gb.DTYPES[dtype_name][0]
+        best = max((r["tflops"] for r in used if r["tflops"] is not None), default=None)
+        report.append({"backend": name, "dtype": dtype_name,
+                       "config": " ".join(d[2:] for d in kernel.defines()),
+                       **resources(kernel, dtype, device.index or 0),
+                       "shapes": sorted({f"{r['M']}x{r['N']}x{r['K']}" for r in used}),
+                       "best_tflops": best})
+    table = Table(title="CUDA C kernels: resources of each configuration run, and its best "
+                        "TFLOP/s")
+    for col in ("backend", "dtype", "regs/thread", "static smem", "dynamic smem", "local B",
+                "threads", "blocks/SM", "occupancy", "best TFLOP/s", "config"):
+        table.add_column(col, justify="left" if col in ("backend", "dtype", "config") else "right")
+    for r in report:
+        table.add_row(r["backend"], r["dtype"], str(r["registers"]), str(r["static_smem"]),
+                      str(r["dynamic_smem"]), str(r["local_bytes"]), str(r["threads"]),
+                      str(r["blocks_per_sm"]), f"{r['occupancy']:.0%}",
+                      gb.fmt(r["best_tflops"], ".2f"), r["config"])
+    console.print(table)
+    return report
+
+
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Register ``gemmlab bench``."""
+    bench = subparsers.add_parser("bench", help="check every backend against float64, then time it",
+                           description="Check every backend against a float64 reference on "
+                           "poisoned outputs, then time the ones that pass: kernel time (CUDA-"
+                           "graph replay) and call time (eager), medians, L2 flushed.")
+    bench.add_argument("--backends", help="comma list (default: every backend that runs here)")
+    bench.add_argument("--shapes", help="comma list of N (square) or MxNxK "
+                       "(default on GPU: 1024,2048,4096,8192,8192x8192x1024,16384x4096x512,"
+                       "4096x4096x256; on CPU: 127x129x65,256)")
+    bench.add_argument("--dtypes", help="comma list of fp32, tf32, fp16, bf16 "
+                       "(default on GPU: all four; on CPU: fp32,fp16,bf16)")
+    bench.add_argument("--epilogues", default="relu_c",
+                       help="comma list of relu_c (ReLU(A@B+C), default), c (A@B+C), relu_bias, "
+                       "bias (C a length-N bias), none (plain A@B)")
+    bench.add_argument("--warmup-ms", type=float, default=25, help="warm-up per row (ms)")
+    bench.add_argument("--rep-ms", type=float, default=100, help="timed repeats per row (ms)")
+    bench.add_argument("--min-reps", type=int, default=10, help="fewest timed repeats per row")
+    bench.add_argument("--rounds", type=int, default=1,
+                       help="time the rows of each shape and dtype this many times, taking "
+                            "turns, and report each row's median (evens out clock drift in "
+                            "ratios; default 1)")
+    bench.add_argument("--timing", choices=("graph", "eager"), default="graph",
+                       help="what TFLOP/s and the ratios come from: graph (kernel time, CUDA-"
+                       "graph replay, default) or eager (do_bench of the eager call); the call "
+                       "time is measured either way")
+    bench.add_argument("--overhead", action="store_true",
+                       help="instead of the sweep: host µs per call of gemm() against the call "
+                       "each backend wraps, on a tiny shape (default 128; --shapes, --backends "
+                       "and --dtypes select)")
+    bench.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    bench.add_argument("--launcher", default="cupy",
+                       help="comma list of cupy, pycuda: what launches the CUDA C kernels "
+                       "(each gives its own rows)")
+    bench.add_argument("--resources", action="store_true",
+                       help="print registers, shared/local memory and occupancy per CUDA kernel")
+    bench.add_argument("--roofline", action="store_true",
+                       help="measure the ceilings in this run and draw roofline.png in --out")
+    bench.add_argument("--out", help="directory for results.json, results.csv, results.png")
+    bench.set_defaults(func=run)
+    return bench
