@@ -60,15 +60,13 @@ def gemm(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None, *,
         b: B, shape (K, N).
         c: None, a full C of shape (M, N), or a bias of shape (N,) added to every row.
         activation: None or ``"relu"``.
-        backend: a name from ``backends.BACKENDS``, in registry order: the baselines
-            cublas, cublaslt, torch_compile, torch_unfused; the CUDA C ladder cuda_naive,
-            cuda_smem, cuda_regblock, cuda_vec, cuda_warptile, cuda_pipelined, cuda_wmma,
-            cuda_mma, cuda_wgmma; and triton_fused.
+        backend: a name from ``backends.BACKENDS`` (``gemmlab info`` lists them, with what
+            runs on this machine).
         out: optional (M, N) tensor that receives D; it must not overlap A, B or C.
         allow_tf32: run fp32 operands on the TF32 tensor cores (10-bit mantissa products);
             off by default, so fp32 means IEEE fp32. Only for fp32 CUDA tensors and the
             backends that declare ``tf32``.
-        tuned: for the backends that have something to tune (triton_fused, cuda_*), run the
+        tuned: for the backends that have something to tune (``Backend.pin``), run the
             configuration ``gemmlab tune`` stored in the tuned table (``GEMMLAB_TUNED_FILE``
             or ``backends/tuned.json``; see ``backends.tuning``) for this GPU, dtype (fp32,
             tf32, fp16, bf16) and shape bucket (M, N, K each rounded up to a power of two);
@@ -265,8 +263,9 @@ def _check(impl: Backend, a, b, c, activation, out, allow_tf32) -> tuple[int, in
                          f"{tuple(out.shape)}: several elements of D would share memory)")
     if (not impl.differentiable and torch.is_grad_enabled()
             and any(t.requires_grad for t in (a, b, c) if t is not None)):
+        grads = ", ".join(b.name for b in LADDER if b.differentiable)
         raise ValueError(f"backend {impl.name!r} has no backward: call it under "
-                         f"torch.no_grad() or use a differentiable backend (cublas, torch_unfused)")
+                         f"torch.no_grad() or use a differentiable backend ({grads})")
     return m, n, k
 
 

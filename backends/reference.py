@@ -1,13 +1,8 @@
-"""The float64 reference every backend is checked against, and the tolerances."""
+"""The float64 reference every backend is checked against (tolerances: ``backends.dtypes``)."""
 
 from __future__ import annotations
 
 import torch
-
-# Relative Frobenius error allowed per operand type. fp32: FMA accumulation over K stays
-# near 1e-6; TF32 and fp16 round the operands or D to 10-11 mantissa bits, bf16 to 7-8.
-TOLERANCES = {"fp32": 1e-5, "tf32": 5e-3, "fp16": 5e-3, "bf16": 1e-2}
-DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
 def reference(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None,

@@ -1,9 +1,11 @@
-"""The ladder: one ordered table of backends, the baselines first (cuBLAS, cuBLASLt's fused
-epilogue, torch.compile, the unfused expression), then the rungs.
+"""The ladder: one ordered table of backends, the baselines first, then the rungs
+(``gemmlab info`` prints it, with what runs on this machine).
 
 Adding a step = one kernel file (a ``.cu`` in ``backends/cuda/`` or a Triton module) with a
-header comment saying what technique it adds, one entry in ``LADDER`` below and one line in
-the README's table.
+header comment saying what technique it adds, one registry entry (a CUDA C kernel: its name,
+technique, default tile sizes and search space in ``_CUDA_RUNGS``; any other: a ``Backend``
+in ``LADDER``) and one row in the README's ladder table. The tests, ``gemmlab bench`` and
+``gemmlab tune`` take the ladder from here.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 import torch
 
 from . import cublaslt, torch_backends, torch_compile
-from .cuda import CudaKernel, cuda_unavailable_reason, sm90a_unavailable_reason
+from .cuda import CudaKernel, CudaSpace, cuda_unavailable_reason, sm90a_unavailable_reason
 from .problem import Launch, Problem
 
 try:
@@ -51,6 +53,10 @@ class Backend:
             entry was used or why none applied.
         pin: builds the backend's own configuration (``triton.Config``, ``CudaKernel``) from a
             tuned table entry's ``config`` dict; None for a backend with nothing to tune.
+        search_space: ``search_space(dtype_name, device)`` lists the configurations (tuned
+            table ``config`` dicts, the default's among them) that ``gemmlab tune`` checks
+            and times for operands of ``dtype_name`` (fp32, tf32, fp16, bf16) on ``device``;
+            None for a backend with nothing to tune. A backend with one has ``pin`` too.
     """
 
     name: str
@@ -66,40 +72,104 @@ class Backend:
     unavailable: Callable[[], str | None]
     config: Callable[[], str]
     pin: Callable[[dict], Any] | None = None
+    search_space: Callable[[str, torch.device], list[dict[str, int]]] | None = None
+
+    def bind_config(self, problem: Problem, config: dict[str, int] | None,
+                    note: str) -> Launch:
+        """The tuning interface: the launch of ``problem`` (as ``bind`` gives it) with
+        ``config``, a tuned-table ``config`` dict such as ``search_space`` lists (None: the
+        backend's default configuration). ``note`` says which configuration this is; the
+        backend's ``config()`` reports it after each launch. The launch writes D into its
+        ``out`` like every launch; checking D is the caller's job (``gemmlab tune`` checks
+        each one against float64 on a NaN-poisoned output before timing it).
+
+        Raises:
+            ValueError: the backend has nothing to tune (no ``pin``); or, like KeyError and
+                TypeError, ``config`` is not one the backend can use. A configuration that
+                does not compile raises what the compiler raises, here (CUDA C) or at the
+                first launch (Triton).
+        """
+        if self.pin is None:
+            raise ValueError(f"backend {self.name!r} has no configuration to set")
+        return self.bind(problem, None if config is None else self.pin(config), note)
 
 
-# The CUDA C rungs: source file, kernel and compile-time tile sizes.
-CUDA_KERNELS: dict[str, CudaKernel] = {
-    "cuda_naive": CudaKernel("01_naive.cu", "gemm_naive", {"BLOCK_M": 16, "BLOCK_N": 16}),
-    "cuda_smem": CudaKernel("02_smem.cu", "gemm_smem",
-                            {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32}),
-    "cuda_regblock": CudaKernel("03_regblock.cu", "gemm_regblock",
-                                {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 8, "TM": 8, "TN": 8}),
-    "cuda_vec": CudaKernel("04_vec.cu", "gemm_vec",
-                           {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 8, "TM": 8, "TN": 8,
-                            "THREADS": 256}),
-    "cuda_warptile": CudaKernel("05_warptile.cu", "gemm_warptile",
-                                {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 16, "WARP_M": 64,
-                                 "WARP_N": 32, "TM": 8, "TN": 8, "THREADS": 256}),
-    "cuda_pipelined": CudaKernel("06_pipelined.cu", "gemm_pipelined",
-                                 {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 16, "WARP_M": 64,
-                                  "WARP_N": 32, "TM": 8, "TN": 8, "STAGES": 2, "THREADS": 128}),
-    "cuda_wmma": CudaKernel("07_wmma.cu", "gemm_wmma",
-                            {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "WARPS_M": 2,
-                             "THREADS": 256}, dtypes=(torch.float16, torch.bfloat16)),
-    "cuda_mma": CudaKernel("08_mma.cu", "gemm_mma",
-                           {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 32, "WARPS_M": 2,
-                            "STAGES": 4, "GROUP_M": 8, "THREADS": 256},
-                           dtypes=(torch.float16, torch.bfloat16)),
-    "cuda_wgmma": CudaKernel("09_wgmma.cu", "gemm_wgmma",
-                             {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "STAGES": 4,
-                              "GROUP_M": 8, "THREADS": 384},
-                             dtypes=(torch.float16, torch.bfloat16), tma=True),
-}
+def _warp_tiles(p: dict[str, int]) -> dict[str, int]:
+    """WARP_N such that a warp's 32 lanes tile WARP_M x WARP_N with TM x TN each, and the
+    THREADS of BLOCK_M x BLOCK_N such warps (cuda_warptile, cuda_pipelined)."""
+    warp_n = 32 * p["TM"] * p["TN"] // p["WARP_M"]
+    return {"WARP_N": warp_n,
+            "THREADS": 32 * (p["BLOCK_M"] // p["WARP_M"]) * max(p["BLOCK_N"] // warp_n, 1)}
 
 
-def _cuda_backend(name: str, summary: str) -> Backend:
-    kernel = CUDA_KERNELS[name]
+# The CUDA C rungs, in ladder order: name, the technique it adds, and its kernel (source file,
+# kernel, default compile-time tile sizes, the space gemmlab tune searches). Each space holds
+# the kernel's defaults (the tests check it), so the default is a candidate too.
+_CUDA_RUNGS: tuple[tuple[str, str, CudaKernel], ...] = (
+    ("cuda_naive", "one thread per output, operands straight from global memory",
+     CudaKernel("01_naive.cu", "gemm_naive", {"BLOCK_M": 16, "BLOCK_N": 16},
+                space=CudaSpace({"BLOCK_M": (4, 8, 16, 32), "BLOCK_N": (16, 32, 64, 128)}))),
+    ("cuda_smem", "shared-memory tiling: each operand loaded once per block",
+     CudaKernel("02_smem.cu", "gemm_smem", {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32},
+                # One element of each input tile per thread: the tiles are square.
+                space=CudaSpace({"BLOCK_M": (8, 16, 32)},
+                                lambda p: {"BLOCK_N": p["BLOCK_M"], "BLOCK_K": p["BLOCK_M"]}))),
+    ("cuda_regblock", "register blocking: a TM x TN sub-tile of D per thread",
+     CudaKernel("03_regblock.cu", "gemm_regblock",
+                {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 8, "TM": 8, "TN": 8},
+                space=CudaSpace({"BLOCK_M": (64, 128), "BLOCK_N": (64, 128), "BLOCK_K": (8, 16),
+                                 "TM": (4, 8), "TN": (4, 8)}))),
+    ("cuda_vec", "128-bit global loads and shared stores, A transposed, no bank conflicts",
+     CudaKernel("04_vec.cu", "gemm_vec",
+                {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 8, "TM": 8, "TN": 8, "THREADS": 256},
+                space=CudaSpace({"BLOCK_M": (64, 128), "BLOCK_N": (64, 128), "BLOCK_K": (8, 16),
+                                 "TM": (4, 8), "TN": (4, 8)},
+                                lambda p: {"THREADS": p["BLOCK_M"] // p["TM"] * p["BLOCK_N"]
+                                           // p["TN"]}))),
+    ("cuda_warptile", "a warp tile between the block tile and the thread tile",
+     CudaKernel("05_warptile.cu", "gemm_warptile",
+                {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 16, "WARP_M": 64, "WARP_N": 32,
+                 "TM": 8, "TN": 8, "THREADS": 256},
+                space=CudaSpace({"BLOCK_M": (64, 128), "BLOCK_N": (64, 128), "BLOCK_K": (8, 16),
+                                 "WARP_M": (32, 64), "TM": (8,), "TN": (4, 8)}, _warp_tiles))),
+    ("cuda_pipelined", "cp.async into multi-buffered shared memory: loads of tile k+1 overlap "
+     "the math of tile k",
+     CudaKernel("06_pipelined.cu", "gemm_pipelined",
+                {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 16, "WARP_M": 64, "WARP_N": 32,
+                 "TM": 8, "TN": 8, "STAGES": 2, "THREADS": 128},
+                space=CudaSpace({"BLOCK_M": (64, 128), "BLOCK_N": (64, 128), "BLOCK_K": (8, 16),
+                                 "WARP_M": (32, 64), "TM": (8,), "TN": (8,), "STAGES": (2, 3)},
+                                _warp_tiles))),
+    ("cuda_wmma", "tensor cores through WMMA 16x16x16 fragments, fp32 accumulate",
+     CudaKernel("07_wmma.cu", "gemm_wmma",
+                {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "WARPS_M": 2, "THREADS": 256},
+                dtypes=(torch.float16, torch.bfloat16),
+                space=CudaSpace({"BLOCK_M": (128, 256), "BLOCK_N": (128,), "BLOCK_K": (16, 32),
+                                 "WARPS_M": (2, 4), "THREADS": (256,)}))),
+    ("cuda_mma", "mma.sync m16n8k16 fed by ldmatrix from a swizzled 4-stage cp.async pipeline",
+     CudaKernel("08_mma.cu", "gemm_mma",
+                {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 32, "WARPS_M": 2, "STAGES": 4,
+                 "GROUP_M": 8, "THREADS": 256},
+                dtypes=(torch.float16, torch.bfloat16),
+                space=CudaSpace({"BLOCK_M": (128, 256), "BLOCK_N": (128, 256),
+                                 "BLOCK_K": (32, 64), "WARPS_M": (2, 4), "STAGES": (3, 4),
+                                 "GROUP_M": (8,), "THREADS": (256,)}))),
+    ("cuda_wgmma", "Hopper wgmma from shared memory fed by TMA, a producer and two consumer "
+     "warpgroups (sm_90a)",
+     CudaKernel("09_wgmma.cu", "gemm_wgmma",
+                {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "STAGES": 4, "GROUP_M": 8,
+                 "THREADS": 384},
+                dtypes=(torch.float16, torch.bfloat16), tma=True,
+                # One producer warpgroup and BLOCK_M / 64 consumer warpgroups.
+                space=CudaSpace({"BLOCK_M": (64, 128), "BLOCK_N": (128, 256), "BLOCK_K": (64,),
+                                 "STAGES": (3, 4, 5), "GROUP_M": (8, 16)},
+                                lambda p: {"THREADS": 128 * (1 + p["BLOCK_M"] // 64)}))),
+)
+# Each CUDA C rung's kernel with its default tile sizes, by backend name, in ladder order.
+CUDA_KERNELS: dict[str, CudaKernel] = {name: kernel for name, _, kernel in _CUDA_RUNGS}
+
+
+def _cuda_backend(name: str, summary: str, kernel: CudaKernel) -> Backend:
     last = [None, None]  # the CudaKernel and tuning note of the latest call, for config()
 
     def bind(p: Problem, config: CudaKernel | None, note: str | None = None):
@@ -116,14 +186,18 @@ def _cuda_backend(name: str, summary: str) -> Backend:
         ran, note = last
         if ran is None:
             return "not launched yet"
-        text = f"{ran.source} " + " ".join(ran.defines())
+        text = ran.description()
         return text if note is None else f"{text} ({note})"
+
+    def search_space(dtype_name: str, device: torch.device) -> list[dict[str, int]]:
+        return kernel.space.candidates()  # the same for every dtype and device
 
     return Backend(name, summary, bind, dtypes=kernel.dtypes, devices=("cuda",),
                    fused_epilogue=True, tf32=False, strided=False, differentiable=False,
                    max_numel=None,
                    unavailable=sm90a_unavailable_reason if kernel.tma else cuda_unavailable_reason,
-                   config=describe, pin=lambda params: _pin_cuda(kernel, params))
+                   config=describe, pin=lambda params: _pin_cuda(kernel, params),
+                   search_space=None if kernel.space is None else search_space)
 
 
 def _positive(config: dict, fields) -> None:
@@ -179,7 +253,8 @@ def _triton_backend() -> Backend:
         fused_epilogue=True, tf32=True, strided=True, differentiable=False,
         max_numel=triton_fused.MAX_NUMEL if present else None,
         unavailable=triton_fused.unavailable_reason if present else lambda: _TRITON_MISSING,
-        config=describe if present else lambda: "", pin=pin if present else None)
+        config=describe if present else lambda: "", pin=pin if present else None,
+        search_space=triton_fused.search_space if present else None)
 
 
 def _runs_everywhere() -> None:
@@ -204,19 +279,7 @@ LADDER: tuple[Backend, ...] = (
             torch_backends.bind_unfused, torch_backends.DTYPES, ("cuda", "cpu"),
             fused_epilogue=False, tf32=True, strided=True, differentiable=True,
             max_numel=None, unavailable=_runs_everywhere, config=lambda: "cuBLAS + 2 elementwise"),
-    _cuda_backend("cuda_naive", "one thread per output, operands straight from global memory"),
-    _cuda_backend("cuda_smem", "shared-memory tiling: each operand loaded once per block"),
-    _cuda_backend("cuda_regblock", "register blocking: a TM x TN sub-tile of D per thread"),
-    _cuda_backend("cuda_vec", "128-bit global loads and shared stores, A transposed, no bank "
-                  "conflicts"),
-    _cuda_backend("cuda_warptile", "a warp tile between the block tile and the thread tile"),
-    _cuda_backend("cuda_pipelined", "cp.async into multi-buffered shared memory: loads of tile "
-                  "k+1 overlap the math of tile k"),
-    _cuda_backend("cuda_wmma", "tensor cores through WMMA 16x16x16 fragments, fp32 accumulate"),
-    _cuda_backend("cuda_mma", "mma.sync m16n8k16 fed by ldmatrix from a swizzled 4-stage "
-                  "cp.async pipeline"),
-    _cuda_backend("cuda_wgmma", "Hopper wgmma from shared memory fed by TMA, a producer and "
-                  "two consumer warpgroups (sm_90a)"),
+    *(_cuda_backend(*rung) for rung in _CUDA_RUNGS),
     _triton_backend(),
 )
 BACKENDS: dict[str, Backend] = {b.name: b for b in LADDER}

@@ -10,7 +10,9 @@ GROUP_M tile rows so that tiles running together share rows of A and columns of 
 On a GPU the tile shape, ``num_warps`` and ``num_stages`` come from ``triton.autotune``
 over ``CONFIGS_16BIT`` (fp16/bf16 and TF32) or ``CONFIGS_FP32`` (IEEE fp32), tuned once per
 (M, N, K, dtype, precision). Under the Triton interpreter (``TRITON_INTERPRET=1``, CPU
-tensors) nothing can be timed, so one small ``INTERPRETER_CONFIG`` is used.
+tensors) nothing can be timed, so one small ``INTERPRETER_CONFIG`` is used. ``gemmlab tune``
+searches a grid that holds those lists (``search_space``) and stores its winners in the tuned
+table, whose entry for a call's shape bucket is then pinned instead.
 
 A persistent TMA variant, ``fused_gemm_persistent_kernel``, runs when a pinned config (the
 tuned table's) sets ``PERSISTENT=1``. It follows Triton's persistent-matmul tutorial
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import os
 
 import torch
@@ -75,6 +78,23 @@ CONFIGS_FP32 = [
     _config(64, 64, 32, 4, 4),
 ]
 INTERPRETER_CONFIG = _config(32, 32, 16, 4, 1, group_m=4)
+
+# gemmlab tune's grid (``candidates``), a superset of the lists above. BLOCK_K depends on the
+# operand type: 16-bit and TF32 operands feed the tensor cores in K steps of 32-64; IEEE fp32
+# runs on the FMA units, with smaller steps.
+SEARCH_SPACE = {"BLOCK_M": (64, 128, 256), "BLOCK_N": (64, 128, 256), "GROUP_M": (4, 8),
+                "num_warps": (4, 8), "num_stages": (2, 3, 4, 5)}
+SEARCH_BLOCK_K = {"fp32": (16, 32), "tf32": (32, 64), "fp16": (32, 64), "bf16": (32, 64)}
+# PERSISTENT=1: the persistent TMA kernel (compute capability 9.0+); 0: the pointer kernel.
+SEARCH_PERSISTENT = (0, 1)
+# Under the interpreter times are CPU times of a Python simulation: a tiny space keeps a CPU
+# run (and the tests) to seconds. It holds both kernels, so CPU runs cover both.
+INTERPRETER_SEARCH_SPACE = {"BLOCK_M": (16, 32), "BLOCK_N": (16, 32), "BLOCK_K": (16,),
+                            "GROUP_M": (4,), "num_warps": (4,), "num_stages": (1,),
+                            "PERSISTENT": SEARCH_PERSISTENT}
+# A thread can hold 255 registers; an fp32 accumulator of more than 128 per thread leaves too
+# few for operands and addresses, and spills.
+MAX_ACC_PER_THREAD = 128
 
 
 @triton.jit
@@ -282,6 +302,54 @@ def persistent_unavailable_reason(device: torch.device) -> str | None:
         if major < TMA_MIN_CAPABILITY:
             return f"compute capability {major}.{minor} has no TMA (9.0 or newer has)"
     return None
+
+
+def candidates(dtype_name: str, smem_bytes: int | None = None, interpreted: bool = False,
+               persistent: bool = False) -> list[dict[str, int]]:
+    """The tuner's configurations for ``dtype_name`` (fp32, tf32, fp16, bf16), as tuned-table
+    configs (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages, and PERSISTENT where
+    searched).
+
+    On a GPU (``interpreted=False``) ``SEARCH_SPACE`` with ``SEARCH_BLOCK_K``, and with
+    PERSISTENT 0 and 1 (``SEARCH_PERSISTENT``) when ``persistent`` (the GPU runs the
+    persistent TMA kernel), less the configs that cannot fit: more shared memory than
+    ``smem_bytes`` bytes (when given), that is the operand tiles of all stages,
+    (BLOCK_M + BLOCK_N) * BLOCK_K * bytes * num_stages, plus with PERSISTENT=1 the
+    epilogue's C and D buffers, 2 * BLOCK_M * BLOCK_N/2 * bytes; or more than
+    ``MAX_ACC_PER_THREAD`` accumulator elements per thread. Under the Triton interpreter,
+    ``INTERPRETER_SEARCH_SPACE`` (PERSISTENT 0 and 1 whatever ``persistent`` says).
+    """
+    if interpreted:
+        space = INTERPRETER_SEARCH_SPACE
+    else:
+        space = {**SEARCH_SPACE, "BLOCK_K": SEARCH_BLOCK_K[dtype_name]}
+        if persistent:
+            space["PERSISTENT"] = SEARCH_PERSISTENT
+    size = 2 if dtype_name in ("fp16", "bf16") else 4  # TF32 operands are stored as fp32
+    configs = [dict(zip(space, values)) for values in itertools.product(*space.values())]
+    if interpreted:
+        return configs
+
+    def smem(c: dict[str, int]) -> int:
+        operands = (c["BLOCK_M"] + c["BLOCK_N"]) * c["BLOCK_K"] * size * c["num_stages"]
+        epilogue = 2 * c["BLOCK_M"] * (c["BLOCK_N"] // 2) * size if c.get("PERSISTENT") else 0
+        return operands + epilogue
+
+    return [c for c in configs
+            if (smem_bytes is None or smem(c) <= smem_bytes)
+            and c["BLOCK_M"] * c["BLOCK_N"] <= MAX_ACC_PER_THREAD * 32 * c["num_warps"]]
+
+
+def search_space(dtype_name: str, device: torch.device) -> list[dict[str, int]]:
+    """``candidates`` for ``dtype_name`` on ``device``: the interpreter's space on the CPU;
+    on a GPU, pruned to its opt-in shared memory per block (227 KiB on an H200), with the
+    persistent TMA kernel where it runs (compute capability 9.0 or newer)."""
+    if device.type == "cpu":
+        return candidates(dtype_name, interpreted=True)
+    props = torch.cuda.get_device_properties(device)
+    smem = getattr(props, "shared_memory_per_block_optin", props.shared_memory_per_block)
+    return candidates(dtype_name, smem,
+                      persistent=persistent_unavailable_reason(device) is None)
 
 
 def _persistent_problem(a, b, c, out, tiles: dict) -> str | None:

@@ -1,5 +1,6 @@
 """The tuned table: the fastest configuration ``gemmlab tune`` found per (GPU, backend, dtype,
-shape bucket), which ``gemm()`` then pins for triton_fused and the cuda_* backends.
+shape bucket), which ``gemm()`` then pins for the backends that have something to tune
+(``Backend.pin``; ``Backend.search_space`` lists what ``gemmlab tune`` tries).
 
 The table is a JSON file, ``backends/tuned.json`` unless the environment variable
 ``GEMMLAB_TUNED_FILE`` names another. ``gemm()`` reads it when it binds a new call signature
@@ -17,7 +18,8 @@ The table is a JSON file, ``backends/tuned.json`` unless the environment variabl
   CPU tensors (triton_fused under the Triton interpreter, where times are CPU times).
 - ``dtype``: ``fp32`` (IEEE), ``tf32`` (fp32 operands, ``allow_tf32=True``), ``fp16``, ``bf16``.
 - ``bucket``: the shape bucket (below). One entry serves every shape of its bucket.
-- ``config``: a cuda_* backend's compile-time macros (``BLOCK_M``, ``TM``, ..., as passed to
+- ``config``: one of the backend's ``search_space`` configurations, which its ``pin`` takes:
+  e.g. a CUDA C kernel's compile-time macros (``BLOCK_M``, ``TM``, ..., as passed to
   ``CudaKernel``), or triton_fused's ``BLOCK_M``/``BLOCK_N``/``BLOCK_K``/``GROUP_M``,
   ``num_warps``, ``num_stages`` and ``PERSISTENT`` (1: the persistent TMA kernel, for the
   calls that qualify; 0, or absent as in entries tuned before it existed: the pointer
@@ -44,13 +46,12 @@ from typing import Any
 
 import torch
 
-from .reference import DTYPE_NAMES, TOLERANCES
+from .dtypes import GEMM, name_of
 
 ENV_VAR = "GEMMLAB_TUNED_FILE"
 DEFAULT_PATH = Path(__file__).resolve().parent / "tuned.json"
 _REPOSITORY = DEFAULT_PATH.parent.parent
 _DEFAULT_TEXT = str(DEFAULT_PATH)
-DTYPES = tuple(TOLERANCES)  # fp32, tf32, fp16, bf16
 _REQUIRED = {"gpu": str, "backend": str, "dtype": str, "bucket": list, "config": dict,
              "tflops": (int, float), "ms": (int, float), "shape": list}
 
@@ -79,7 +80,7 @@ def bucket(m: int, n: int, k: int) -> tuple[int, int, int]:
 
 def dtype_name(dtype: torch.dtype, allow_tf32: bool = False) -> str:
     """The table's name for operands of ``dtype``: fp32, tf32 (fp32 with TF32 on), fp16, bf16."""
-    return "tf32" if allow_tf32 else DTYPE_NAMES[dtype]
+    return name_of(dtype, allow_tf32)
 
 
 @functools.cache
@@ -206,8 +207,8 @@ def _problem(entry) -> str | None:
     for name, kind in _REQUIRED.items():
         if not isinstance(entry.get(name), kind):
             return f"{name!r} missing or not a {getattr(kind, '__name__', 'number')}"
-    if entry["dtype"] not in DTYPES:
-        return f"dtype {entry['dtype']!r} is not one of {', '.join(DTYPES)}"
+    if entry["dtype"] not in GEMM:
+        return f"dtype {entry['dtype']!r} is not one of {', '.join(GEMM)}"
     b = entry["bucket"]
     if len(b) != 3 or not all(isinstance(x, int) and x >= 1 and x & (x - 1) == 0 for x in b):
         return f"bucket {b} is not three powers of two"

@@ -4,11 +4,16 @@ subcommand, each registering its own parser)."""
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
 from rich.console import Console
 
 from .commands import COMMANDS
+from .recording import interrupt_all
+from .session import UsageError
+
+INTERRUPTED = 130  # the shell's status for a process ended by SIGINT (128 + 2)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,11 +26,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Parse ``argv`` (default ``sys.argv[1:]``) and run the subcommand; its exit status."""
+    """Parse ``argv`` (default ``sys.argv[1:]``) and ``run`` the subcommand, printing to
+    stdout, with SIGTERM handled as Ctrl-C; its exit status."""
     args = build_parser().parse_args(argv)
     # Tables stay unwrapped when the output is a file or a pipe (rich assumes 80 columns).
-    return args.func(args, Console(width=None if sys.stdout.isatty() else 160))
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    signal.signal(signal.SIGTERM, _interrupt)
+    return run(args, console)
+
+
+def run(args: argparse.Namespace, console: Console) -> int:
+    """Run parsed ``args``' subcommand; its exit status: 2 after one ``error:`` line for a
+    mistake in the arguments; on Ctrl-C (KeyboardInterrupt), the rows that finished are
+    written (``bench.recording.interrupt_all``, marked interrupted) and the status is 130."""
+    try:
+        return args.func(args, console)
+    except UsageError as exc:
+        console.print(f"error: {exc}", highlight=False, soft_wrap=True)
+        return 2
+    except KeyboardInterrupt:
+        paths = interrupt_all()
+        console.print("interrupted: " + (f"what finished is in {', '.join(map(str, paths))}"
+                                         if paths else "nothing had finished"), highlight=False)
+        return INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -26,12 +26,10 @@ from pathlib import Path
 
 import torch
 
-from tp.comm.nccl_backend import NCCL_DTYPES, NCCL_SUM
+from backends.dtypes import name_of
+from tp.comm.nccl_backend import NCCL_SUM, nccl_code
 
 from .timing import seconds_per_call
-
-DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
-          "bfloat16": torch.bfloat16, "int32": torch.int32, "int64": torch.int64}
 
 
 @dataclass(frozen=True)
@@ -108,20 +106,20 @@ class DirectNccl:
         self.nccl = create_nccl_comm(comm, device)
 
     def all_reduce(self, x, out):
-        self.nccl.allReduce(x.data_ptr(), out.data_ptr(), x.numel(), NCCL_DTYPES[x.dtype],
+        self.nccl.allReduce(x.data_ptr(), out.data_ptr(), x.numel(), nccl_code(x.dtype),
                             NCCL_SUM, torch.cuda.current_stream().cuda_stream)
 
     def all_gather(self, x, out):
-        self.nccl.allGather(x.data_ptr(), out.data_ptr(), x.numel(), NCCL_DTYPES[x.dtype],
+        self.nccl.allGather(x.data_ptr(), out.data_ptr(), x.numel(), nccl_code(x.dtype),
                             torch.cuda.current_stream().cuda_stream)
 
     def reduce_scatter(self, x, out):
         self.nccl.reduceScatter(x.data_ptr(), out.data_ptr(), out.numel(),
-                                NCCL_DTYPES[x.dtype], NCCL_SUM,
+                                nccl_code(x.dtype), NCCL_SUM,
                                 torch.cuda.current_stream().cuda_stream)
 
     def broadcast(self, buf, root):
-        self.nccl.broadcast(buf.data_ptr(), buf.data_ptr(), buf.numel(), NCCL_DTYPES[buf.dtype],
+        self.nccl.broadcast(buf.data_ptr(), buf.data_ptr(), buf.numel(), nccl_code(buf.dtype),
                             root, torch.cuda.current_stream().cuda_stream)
 
     def close(self):
@@ -170,9 +168,10 @@ def sizes(min_bytes: int, max_bytes: int, factor: int) -> list[int]:
 def measure(comm, op: str, nbytes: int, dtype: torch.dtype, device: torch.device,
             world, iters: int, warmup: int, check_every: int = 0, seed: int = 0) -> dict | None:
     """One row: check ``op`` once, then time it (re-checking after every ``check_every``
-    timed iterations when > 0). None when the size holds no whole element per rank. A row
-    with a wrong element has ``ok`` False and no time. Collective over ``world``: every
-    rank calls it with the same arguments."""
+    timed iterations when > 0). ``dtype``: a torch dtype of ``backends.dtypes.COMM``; the
+    row's ``dtype`` is its name there (fp32, bf16, ...). None when the size holds no whole
+    element per rank. A row with a wrong element has ``ok`` False and no time. Collective over
+    ``world``: every rank calls it with the same arguments."""
     p, r = world.Get_size(), world.Get_rank()
     spec = COLLECTIVES[op]
     count = nbytes // dtype.itemsize
@@ -202,7 +201,7 @@ def measure(comm, op: str, nbytes: int, dtype: torch.dtype, device: torch.device
     bad = wrong()
     size = count * dtype.itemsize
     row = {"backend": comm.name, "call_check": getattr(comm, "check", None), "op": op,
-           "dtype": str(dtype).replace("torch.", ""), "device": device.type, "ranks": p,
+           "dtype": name_of(dtype), "device": device.type, "ranks": p,
            "bytes": size, "count": count, "iters": iters, "check_every": check_every,
            "time_us": None, "algbw": None, "busbw": None, "wrong": bad, "ok": False}
     if bad:

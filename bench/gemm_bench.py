@@ -29,20 +29,17 @@ from typing import NamedTuple
 import torch
 
 import backends
+from backends import dtypes
 from backends.cuda import use_launcher
-from backends.reference import TOLERANCES
 from backends.registry import CUDA_KERNELS
 
+from .style import backend_color
 from .timing import call_samples, kernel_samples
 
 GPU_SHAPES = [(1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096), (8192, 8192, 8192),
               (8192, 8192, 1024), (16384, 4096, 512), (4096, 4096, 256)]
-GPU_DTYPES = ["fp32", "tf32", "fp16", "bf16"]
 # The CPU functional check: odd shapes that are not multiples of any tile size.
 CPU_SHAPES = [(127, 129, 65), (256, 256, 256)]
-CPU_DTYPES = ["fp32", "fp16", "bf16"]
-DTYPES = {"fp32": (torch.float32, False), "tf32": (torch.float32, True),
-          "fp16": (torch.float16, False), "bf16": (torch.bfloat16, False)}
 # Epilogue name -> (C: full (M, N), bias (N,) or none; activation). relu_c is the project's op.
 EPILOGUES = {"relu_c": ("full", "relu"), "c": ("full", None), "relu_bias": ("bias", "relu"),
              "bias": ("bias", None), "none": (None, None)}
@@ -92,7 +89,7 @@ def needed_bytes(m: int, n: int, k: int, dtype_name: str, epilogues=("relu_c",))
     """Bytes one (shape, dtype) of the sweep holds at least at once: A and B, per epilogue a C
     and its float64 reference (kept for the CUDA graph's check), the float64 copies of A and
     B while a reference is computed, the poisoned output and a D."""
-    size = DTYPES[dtype_name][0].itemsize
+    size = dtypes.DTYPES[dtype_name].itemsize
     per_epilogue = {"full": m * n * size, "bias": n * size, None: 0}
     return (size * (m * k + k * n) + 8 * (m * k + k * n) + 2 * size * m * n
             + sum(per_epilogue[EPILOGUES[e][0]] + 8 * m * n for e in epilogues))
@@ -136,11 +133,25 @@ def runnable(names: list[str], say) -> list[str]:
     return [n for n in names if status[n].runs]
 
 
+def unsupported(backend: backends.Backend, dtype_name: str, device: torch.device) -> str | None:
+    """Why ``backend`` does not take this dtype (``tf32`` = fp32 with TF32 on) on ``device``,
+    or None when it does."""
+    d = dtypes.DTYPES[dtype_name]
+    if device.type not in backend.devices:
+        return f"runs on {', '.join(backend.devices)}, not {device.type}"
+    if d.torch not in backend.dtypes:
+        takes = ", ".join(dtypes.name_of(t) for t in backend.dtypes) or "no dtype"
+        return f"takes {takes} here, not {dtype_name}"
+    if d.tf32 and not backend.tf32:
+        return "has no TF32 mode"
+    if d.tf32 and device.type != "cuda":
+        return "TF32 needs a GPU"
+    return None
+
+
 def supports(backend: backends.Backend, dtype_name: str, device: torch.device) -> bool:
     """Whether ``backend`` takes this dtype (``tf32`` = fp32 with TF32 on) on ``device``."""
-    dtype, tf32 = DTYPES[dtype_name]
-    return (dtype in backend.dtypes and device.type in backend.devices
-            and (not tf32 or (backend.tf32 and device.type == "cuda")))
+    return unsupported(backend, dtype_name, device) is None
 
 
 def random_operand(*shape, dtype: torch.dtype, device: torch.device,
@@ -163,7 +174,7 @@ def check(name: str, a, b, c, ref, dtype_name: str, epilogue: str,
     """One row: ``name`` checked against ``ref`` on a poisoned output. ``launcher`` (CUDA C
     backends only): ``"cupy"`` or ``"pycuda"``; the call must then run inside
     ``use_launcher(launcher)``."""
-    tf32 = DTYPES[dtype_name][1]
+    tf32 = dtypes.DTYPES[dtype_name].tf32
     activation = EPILOGUES[epilogue][1]
     m, n, k = a.shape[0], b.shape[1], a.shape[1]
     row = {"backend": name, "launcher": launcher, "dtype": dtype_name, "epilogue": epilogue,
@@ -171,7 +182,7 @@ def check(name: str, a, b, c, ref, dtype_name: str, epilogue: str,
            "call_ms": None, "host_us": None, "launch_bound": None, "timing": "",
            "samples": None, "pct_best_cublas": None, "best_cublas": None,
            "x_torch_compile": None, "speedup_vs_torch_unfused": None, "rel_err": None,
-           "tol": TOLERANCES[dtype_name], "ok": False, "config": "", "error": ""}
+           "tol": dtypes.DTYPES[dtype_name].tolerance, "ok": False, "config": "", "error": ""}
     out = torch.full((m, n), float("nan"), dtype=a.dtype, device=a.device)
 
     def call(out=None):
@@ -265,14 +276,16 @@ def launchers_of(name: str, launchers: tuple[str, ...]) -> tuple[str, ...]:
 def run_sweep(names: list[str], shapes: list[tuple[int, int, int]], dtype_names: list[str],
               device: torch.device, timing: Timing, seed: int = 0,
               epilogues: tuple[str, ...] = ("relu_c",), progress=None,
-              launchers: tuple[str, ...] = ("cupy",)) -> list[dict]:
+              launchers: tuple[str, ...] = ("cupy",),
+              record: Callable[[list[dict]], None] | None = None) -> list[dict]:
     """Check and time every (shape, dtype, epilogue, backend) the backend supports on ``device``;
     the CUDA C backends once per launcher in ``launchers``.
 
     Every backend of one (shape, dtype, epilogue) sees the same fresh random inputs. All rows
     of one (shape, dtype) are checked first, then timed together (``time_rows``).
-    ``progress``, if given, is called with a short description before each row is checked.
-    Returns rows in sweep order with ratios filled.
+    ``progress``, if given, is called with a short description before each row is checked;
+    ``record``, if given, with the rows of each (shape, dtype) once they are timed, ratios
+    filled. Returns rows in sweep order with ratios filled.
     """
     generator = torch.Generator(device=device).manual_seed(seed)
     rows = []
@@ -281,7 +294,7 @@ def run_sweep(names: list[str], shapes: list[tuple[int, int, int]], dtype_names:
             chosen = [x for x in names if supports(backends.BACKENDS[x], dtype_name, device)]
             if not chosen:
                 continue
-            dtype = DTYPES[dtype_name][0]
+            dtype = dtypes.DTYPES[dtype_name].torch
             a = random_operand(m, k, dtype=dtype, device=device, generator=generator)
             b = random_operand(k, n, dtype=dtype, device=device, generator=generator)
             checked = []  # every epilogue's rows of this (shape, dtype), timed together below
@@ -299,9 +312,21 @@ def run_sweep(names: list[str], shapes: list[tuple[int, int, int]], dtype_names:
                         checked.append(check(name, a, b, c, ref, dtype_name, epilogue,
                                              launcher))
             time_rows(checked, device, timing)
-            rows += [entry.row for entry in checked]
-    add_ratios(rows)
+            finished = [entry.row for entry in checked]
+            add_ratios(finished)  # the ratios compare rows of one (shape, dtype, epilogue)
+            rows += finished
+            if record is not None:
+                record(finished)
     return rows
+
+
+def describe(row: dict) -> str:
+    """A row in one line: backend (and launcher), dtype, op, shape, then its TFLOP/s or FAIL."""
+    name = f"{row['backend']} {row['launcher']}".rstrip()
+    what = f"{name} {row['dtype']} {FORMULAS[row['epilogue']]} {row['M']}x{row['N']}x{row['K']}"
+    if not row["ok"]:
+        return f"{what}: FAIL"
+    return f"{what}: {fmt(row['tflops'], '.3g')} TFLOP/s"
 
 
 def count_rows(names, shapes, dtype_names, device, epilogues=("relu_c",),
@@ -319,7 +344,6 @@ def plot(rows: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colors = {name: f"C{i}" for i, name in enumerate(backends.BACKENDS)}  # same in every panel
     panels = list(dict.fromkeys((r["dtype"], r["epilogue"]) for r in rows))
     fig, axes = plt.subplots(len(panels), 1, figsize=(11, 3.2 * len(panels)), squeeze=False)
     for ax, (dtype_name, epilogue) in zip(axes[:, 0], panels):
@@ -332,7 +356,7 @@ def plot(rows: list[dict], path: Path) -> None:
                         if r["backend"] == name and r["tflops"] is not None}
             xs = [j + i * width for j, s in enumerate(shapes) if s in by_shape]
             ax.bar(xs, [by_shape[s] for s in shapes if s in by_shape], width, label=name,
-                   color=colors[name])
+                   color=backend_color(name))
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(shapes))], shapes, fontsize=8)
         ax.set_ylabel("TFLOP/s")
         ax.set_title(f"D = {FORMULAS[epilogue]}, {dtype_name}", fontsize=10)
@@ -347,3 +371,4 @@ def fmt(value, spec: str) -> str:
     """Table cell: ``-`` for a missing value."""
     missing = value is None or (isinstance(value, float) and math.isnan(value))
     return "-" if missing else format(value, spec)
+

@@ -34,10 +34,11 @@ from collections.abc import Callable
 import torch
 
 import backends
+from backends.dtypes import DTYPES
 from backends.problem import Problem
 from backends.registry import CUDA_KERNELS
 
-from .gemm_bench import DTYPES, random_operand
+from .gemm_bench import random_operand
 
 # 32^3: each kernel takes the GPU less time than the host takes to issue it, so the loop
 # measures the host. At 128^3 some kernels outlast their launch and the queue stays busy;
@@ -131,13 +132,13 @@ def measure(name: str, dtype_name: str, device: torch.device, shape=SHAPE, *, ro
     """One row (see the module doc): checked, then timed; ``ok`` False and no times when a
     check fails (``error`` says which call and why). A loop holds ``number`` calls, fewer
     when one call takes more than 50 µs (the Triton interpreter on a CPU)."""
-    dtype, tf32 = DTYPES[dtype_name]
+    spec = DTYPES[dtype_name]
+    dtype, tf32, tol = spec.torch, spec.tf32, spec.tolerance
     m, n, k = shape
     generator = torch.Generator(device=device).manual_seed(seed)
     a, b, c = (random_operand(*s, dtype=dtype, device=device, generator=generator)
                for s in ((m, k), (k, n), (m, n)))
     ref = backends.reference(a, b, c, "relu")
-    tol = backends.TOLERANCES[dtype_name]
     p = Problem.of(a, b, c, True, tf32)
     d = torch.empty((m, n), dtype=dtype, device=device)  # a D for the set-up of raw launches
     impl = backends.BACKENDS[name]

@@ -1,5 +1,6 @@
-"""Result files shared by every gemmlab benchmark: ``results.json`` (``meta`` + ``rows``),
-``results.csv`` (the rows) and a PNG chart, all in one output directory."""
+"""Result files shared by every gemmlab command: ``results.jsonl`` (each row as it finishes),
+then ``results.json`` (``meta`` + ``rows``), ``results.csv`` (the rows) and a PNG chart, all in
+one output directory, checked before any work; an interrupted run keeps what finished."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import re
 import shlex
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
@@ -131,9 +132,9 @@ def git_commit() -> str:
 
 
 def collect_meta() -> dict:
-    """Where and how a result was measured: GPU, driver, CUDA, library versions, the fields of
-    ``provenance()`` (git commit and state, declared commit, NCCL/CUDA/MPI environment, NCCL
-    and MPI versions), command line and UTC date."""
+    """Where and how a result was measured: GPU, driver, CUDA, library versions, torch's
+    intra-op thread count, the fields of ``provenance()`` (git commit and state, declared
+    commit, NCCL/CUDA/MPI environment, NCCL and MPI versions), command line and UTC date."""
     cuda = torch.cuda.is_available()
     driver = (_run("nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader")
               if cuda else None)
@@ -147,6 +148,7 @@ def collect_meta() -> dict:
         "triton": _version("triton"),
         "cupy": _cupy_version(),
         "python": platform.python_version(),
+        "torch_threads": torch.get_num_threads(),
         **provenance(),
         "command": shlex.join(["gemmlab", *sys.argv[1:]]),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -167,4 +169,105 @@ def write_results(out_dir: str | Path, meta: dict, rows: list[dict],
         writer.writeheader()
         writer.writerows(rows)
     plot(rows, paths[2])
+    return paths
+
+
+RESULT_FILES = ("results.jsonl", "results.json", "results.csv", "results.png")
+
+
+def out_problem(out: str | Path, overwrite: bool = False) -> str | None:
+    """Why ``out`` cannot receive a run's results, or None when it can; changes nothing.
+
+    It must be a directory or not exist yet, with its nearest existing ancestor writable; an
+    existing directory must be empty unless ``overwrite`` (gemmlab's own result files in it
+    are then replaced; nothing else in it is touched).
+    """
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        return f"--out {out} exists and is not a directory"
+    if path.is_dir():
+        if any(path.iterdir()) and not overwrite:
+            return f"--out {out} is not empty; pass --overwrite to replace its results"
+        if not os.access(path, os.W_OK | os.X_OK):
+            return f"--out {out} is not writable"
+        return None
+    ancestor = path.parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
+        return f"--out {out} cannot be created: {ancestor} is not a writable directory"
+    return None
+
+
+class Recorder:
+    """The rows of one run, each written to ``results.jsonl`` the moment it is added, then
+    ``results.json`` / ``.csv`` / ``.png`` at ``finish``, or at ``interrupt`` with what
+    finished (marked ``"interrupted": true`` in ``meta``).
+
+    ``out`` None records nothing on disk (rows are still kept). Only the writing rank of an
+    MPI job should pass an ``out``. ``out`` must have passed ``out_problem``: the directory is
+    created here and any earlier result files in it are removed. While a Recorder is open,
+    ``interrupt_all`` (what ``gemmlab`` runs on Ctrl-C or SIGTERM) finishes it.
+
+    ``progress``: called with each added row, e.g. to print one line per finished row.
+    """
+
+    def __init__(self, out: str | Path | None, plot: Callable[[list[dict], Path], None],
+                 progress: Callable[[dict], None] | None = None):
+        self.out = None if out is None else Path(out)
+        self.plot, self.progress = plot, progress
+        self.rows: list[dict] = []
+        self.lines = None
+        if self.out is not None:
+            self.out.mkdir(parents=True, exist_ok=True)
+            for name in RESULT_FILES:
+                (self.out / name).unlink(missing_ok=True)
+            self.lines = (self.out / "results.jsonl").open("w")
+        _OPEN.append(self)
+
+    def add(self, row: dict) -> None:
+        """Keep ``row`` and append it to ``results.jsonl`` (flushed: a killed run keeps it)."""
+        self.rows.append(row)
+        if self.lines is not None:
+            self.lines.write(json.dumps(row) + "\n")
+            self.lines.flush()
+        if self.progress is not None:
+            self.progress(row)
+
+    def extend(self, rows: Iterable[dict]) -> None:
+        for row in rows:
+            self.add(row)
+
+    def finish(self, meta: dict | None = None, **extra) -> list[Path]:
+        """Write results.json (``meta``, default ``collect_meta()``; the rows; ``extra``
+        top-level fields), results.csv and results.png; the paths written (none without
+        ``out``)."""
+        if self in _OPEN:
+            _OPEN.remove(self)
+        if self.lines is not None:
+            self.lines.close()
+        if self.out is None:
+            return []
+        return write_results(self.out, collect_meta() if meta is None else meta, self.rows,
+                             self.plot, **extra)
+
+    def interrupt(self) -> list[Path]:
+        """``finish`` with what has been added, ``meta["interrupted"] = True``; a chart that
+        cannot be drawn from a partial run is left out rather than lose the rows."""
+        meta = {**collect_meta(), "interrupted": True}
+        try:
+            return self.finish(meta)
+        except Exception:  # the plot of a partial run: keep the JSON and CSV written before it
+            return [p for p in (self.out / "results.json", self.out / "results.csv")
+                    if p.exists()] if self.out is not None else []
+
+
+_OPEN: list[Recorder] = []
+
+
+def interrupt_all() -> list[Path]:
+    """Finish every open Recorder as interrupted; the paths written."""
+    paths = []
+    while _OPEN:
+        paths += _OPEN[-1].interrupt()
     return paths

@@ -21,24 +21,24 @@ from pathlib import Path
 import torch
 
 import backends
+from backends.dtypes import DTYPES, GEMM
 
+from .style import backend_color
 from .timing import kernel_ms
 
 CEILING_SHAPE = 8192
 COPY_BYTES = 1 << 30
 
 
-def measure_ceilings(dtype_names: list[str], device: torch.device, dtypes: dict) -> dict:
-    """``{"bandwidth_gbps": GB/s, "peak_tflops": {dtype name: TFLOP/s}}`` measured now.
-
-    ``dtypes`` maps a dtype name to (torch dtype, TF32 on), as ``gemm_bench.DTYPES``.
-    """
+def measure_ceilings(dtype_names: list[str], device: torch.device) -> dict:
+    """``{"bandwidth_gbps": GB/s, "peak_tflops": {dtype name: TFLOP/s}}`` measured now
+    (dtype names of ``backends.dtypes.GEMM``)."""
     src = torch.empty(COPY_BYTES, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
     ms = kernel_ms(lambda: dst.copy_(src), device, timing="eager")
     peaks = {}
     for name in dtype_names:
-        dtype, tf32 = dtypes[name]
+        dtype, tf32 = DTYPES[name].torch, DTYPES[name].tf32
         a = torch.randn(CEILING_SHAPE, CEILING_SHAPE, device=device).to(dtype)
         b = torch.randn(CEILING_SHAPE, CEILING_SHAPE, device=device).to(dtype)
         t = kernel_ms(lambda: backends.gemm(a, b, backend="cublas", allow_tf32=tf32), device)
@@ -59,7 +59,7 @@ def intensity(row: dict, element_size: int, c_kind: str | None) -> float:
     return 2 * row["M"] * row["N"] * row["K"] / min_bytes(row, element_size, c_kind)
 
 
-def plot(rows: list[dict], ceilings: dict, dtypes: dict, epilogues: dict, path: Path) -> None:
+def plot(rows: list[dict], ceilings: dict, epilogues: dict, path: Path) -> None:
     """Log-log roofline: one compute ceiling per dtype, the copy bandwidth slope, and a point
     per timed row (colour: backend, marker: dtype)."""
     import matplotlib
@@ -68,12 +68,11 @@ def plot(rows: list[dict], ceilings: dict, dtypes: dict, epilogues: dict, path: 
     import matplotlib.pyplot as plt
 
     timed = [r for r in rows if r["tflops"] is not None]
-    colors = {name: f"C{i % 10}" for i, name in enumerate(backends.BACKENDS)}
-    markers = dict(zip(dtypes, "osD^v"))
+    markers = dict(zip(GEMM, "osD^v"))
     fig, ax = plt.subplots(figsize=(10, 6))
     points = {}
     for r in timed:
-        size = torch.empty(0, dtype=dtypes[r["dtype"]][0]).element_size()
+        size = DTYPES[r["dtype"]].itemsize
         x = intensity(r, size, epilogues[r["epilogue"]][0])
         points.setdefault((r["backend"], r["dtype"]), []).append((x, r["tflops"]))
     xs = [x for pts in points.values() for x, _ in pts]
@@ -86,7 +85,7 @@ def plot(rows: list[dict], ceilings: dict, dtypes: dict, epilogues: dict, path: 
     ax.text(lo * 1.1, lo * bw * 1.3, f"copy {ceilings['bandwidth_gbps']:.0f} GB/s",
             rotation=30, fontsize=8, color="grey")
     for (name, dtype_name), pts in points.items():
-        ax.scatter([x for x, _ in pts], [y for _, y in pts], color=colors[name],
+        ax.scatter([x for x, _ in pts], [y for _, y in pts], color=backend_color(name),
                    marker=markers[dtype_name], s=28, label=f"{name} {dtype_name}")
     ax.set_xscale("log")
     ax.set_yscale("log")

@@ -19,7 +19,7 @@ import sys
 import torch
 
 import backends
-from backends.reference import DTYPE_NAMES, TOLERANCES
+from backends import dtypes
 from backends.registry import CUDA_KERNELS
 
 from .gemm_bench import parse_shape, random_operand
@@ -29,13 +29,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python3 -m bench.sanitize", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", default="1000x1999x777", help="MxNxK (default 1000x1999x777)")
-    parser.add_argument("--backends", default=",".join(CUDA_KERNELS),
+    parser.add_argument("--backend", default=",".join(CUDA_KERNELS),
                         help="comma list of CUDA C backends (default: all)")
     args = parser.parse_args(argv)
     m, n, k = parse_shape(args.shape)
     generator = torch.Generator(device="cuda").manual_seed(0)
     wrong = 0
-    for name in args.backends.split(","):
+    for name in args.backend.split(","):
         for dtype in CUDA_KERNELS[name].dtypes:
             a, b, c = (random_operand(*shape, dtype=dtype, device=torch.device("cuda"),
                                       generator=generator) for shape in ((m, k), (k, n), (m, n)))
@@ -43,9 +43,10 @@ def main(argv: list[str] | None = None) -> int:
             backends.gemm(a, b, c, activation="relu", backend=name, out=out)
             torch.cuda.synchronize()
             err = backends.relative_error(out, backends.reference(a, b, c, "relu"))
-            ok = err <= TOLERANCES[DTYPE_NAMES[dtype]]
+            spec = dtypes.of(dtype)
+            ok = err <= spec.tolerance
             wrong += not ok
-            print(f"{name:16s} {DTYPE_NAMES[dtype]:5s} {m}x{n}x{k}  rel err {err:.1e}  "
+            print(f"{name:16s} {spec.name:5s} {m}x{n}x{k}  rel err {err:.1e}  "
                   f"{'PASS' if ok else 'FAIL'}", flush=True)
     return 1 if wrong else 0
 

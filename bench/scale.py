@@ -40,12 +40,12 @@ Measured per workload, after one checked step and ``--warmup`` steps:
 Check before timing: the first step's output, input gradient and every parameter's
 gradient (each rank's shard against the same part of the dense one, ``shard`` of the TP
 layers) are compared (relative Frobenius error, for a parameter's gradient over the larger of
-its norm and the typical size of them all, ``_parameter_errors``; ``bench.tp_bench.TOLERANCES``;
-NaN or inf fails) with the same workload built at TP = 1 on ``MPI.COMM_SELF`` from the same seed in
-fp32, with its weights rounded to the run's dtype, so both see the same values. The
-reference runs on all the tokens (a weight's gradient sums over every one of them): one
-dense step in fp32 per rank, once. A workload that fails is reported FAIL and not timed
-(exit status 1).
+its norm and the typical size of them all, ``_parameter_errors``; the dtype's tolerance in
+``backends.dtypes``; NaN or inf fails) with the same workload built at TP = 1 on
+``MPI.COMM_SELF`` from the same seed in fp32, with its weights rounded to the run's dtype, so
+both see the same values. The reference runs on all the tokens (a weight's gradient sums
+over every one of them): one dense step in fp32 per rank, once. A workload that fails is
+reported FAIL and not timed (exit status 1).
 """
 
 from __future__ import annotations
@@ -225,10 +225,12 @@ def measure(prob: Problem, mode: str, world, comm, self_comm, device: torch.devi
     from mpi4py import MPI
 
     import backends
+    from backends import dtypes
 
-    from .tp_bench import DTYPES, TOLERANCES, _ms
+    from .tp_bench import _ms
 
-    dtype = DTYPES[dtype_name]
+    spec = dtypes.parse(dtype_name, dtypes.TP)
+    dtype = spec.torch
     torch.manual_seed(seed)
     model = build(prob, comm, device=device, dtype=dtype, **settings)
     torch.manual_seed(seed)
@@ -267,7 +269,7 @@ def measure(prob: Problem, mode: str, world, comm, self_comm, device: torch.devi
     row = {"workload": prob.workload, "mode": mode, "P": prob.p, "tokens": prob.tokens,
            "seq": prob.seq, "hidden": prob.hidden, "ffn": prob.ffn, "heads": prob.heads,
            "head_dim": prob.head_dim, "dtype": dtype_name, "rule": RULES[mode],
-           "max_rel_err": err, "ok": err <= TOLERANCES[dtype_name]}
+           "max_rel_err": err, "ok": err <= spec.tolerance}
     if row["ok"]:
         step_ms = _ms(step, iters, warmup, device, world)
         comm_ms = _ms(replay(comm, calls, device), iters, warmup, device, world) if calls else 0.0

@@ -64,8 +64,9 @@ def run_one(mpiexec: list[str], p: int, mode: str, flags: list[str], out: Path,
     killed, ranks included."""
     out.mkdir(parents=True, exist_ok=True)
     log = out / "log.txt"
+    # --overwrite: the directory holds this run's log.txt, written first
     cmd = [*mpiexec, "-n", str(p), sys.executable, "-m", "bench.cli", "scale", mode, *flags,
-           "--out", str(out)]
+           "--out", str(out), "--overwrite"]
     with log.open("w") as f:
         f.write(shlex.join(cmd) + "\n")
         f.flush()

@@ -1,9 +1,14 @@
-"""What every gemmlab command shares before it measures anything: comma lists, the device and
-the Triton interpreter policy, MPI start-up, and user errors as one ``error:`` line."""
+"""What every gemmlab command shares before it measures anything: comma lists, the options
+every command has (``--out``, ``--overwrite``, ``--threads``), the device and the Triton
+interpreter policy, torch's thread count, MPI start-up, arguments checked on every rank, and
+user errors as one ``error:`` line (exit status 2)."""
 
 from __future__ import annotations
 
+import argparse
 import os
+import sys
+from collections.abc import Callable
 
 import torch
 from rich.console import Console
@@ -15,6 +20,73 @@ NO_GPU_BANNER = ("No CUDA GPU found: running the CPU functional check only (smal
 
 class UsageError(ValueError):
     """A mistake in the command line: printed as one ``error:`` line, exit status 2."""
+
+
+def add_run_options(parser: argparse.ArgumentParser, out_help: str = "directory for "
+                    "results.jsonl (rows as they finish), results.json, results.csv and "
+                    "results.png") -> None:
+    """``--out``, ``--overwrite`` and ``--threads``, the same in every command."""
+    parser.add_argument("--out", help=out_help)
+    parser.add_argument("--overwrite", action="store_true",
+                        help="write into a non-empty --out (its result files are replaced)")
+    parser.add_argument("--threads", type=int, metavar="N",
+                        help="torch CPU threads per rank (default: the machine's cores divided "
+                        "by the ranks on it)")
+
+
+def check_run_options(args) -> None:
+    """The checks of ``add_run_options``'s options, before any work.
+
+    Raises:
+        UsageError: ``--out`` unusable (``bench.recording.out_problem``), ``--threads`` < 1.
+    """
+    from .recording import out_problem
+
+    if args.threads is not None and args.threads < 1:
+        raise UsageError(f"--threads must be >= 1; got {args.threads}")
+    if args.out and (why := out_problem(args.out, args.overwrite)) is not None:
+        raise UsageError(why)
+
+
+def set_threads(requested: int | None, local_ranks: int = 1) -> int:
+    """Set torch's intra-op threads: ``requested``, or the machine's cores divided by the
+    ranks on it (at least 1), so one process and P ranks of a run use the machine alike and
+    a comparison between them compares like with like. Returns the count set (``meta``
+    records it as ``torch_threads``)."""
+    threads = requested or max(1, (os.cpu_count() or 1) // max(local_ranks, 1))
+    torch.set_num_threads(threads)
+    return threads
+
+
+def row_printer(console: Console, describe: Callable[[dict], str],
+                total: int | None = None) -> Callable[[dict], None] | None:
+    """One line per finished row (``[i/total] <describe(row)>``) when stdout is not a
+    terminal (a log file, a pipe, a batch job); None on a terminal, where a progress bar or
+    the tables show progress."""
+    if sys.stdout.isatty():
+        return None
+    done = [0]
+
+    def line(row: dict) -> None:
+        done[0] += 1
+        console.print(f"[{done[0]}{'' if total is None else f'/{total}'}] {describe(row)}",
+                      highlight=False)
+
+    return line
+
+
+def agree(world, check: Callable[[], None]) -> str | None:
+    """Run ``check`` on every rank of ``world``; the first rank's error (a ``UsageError``'s
+    message) when any rank's check failed, else None. Collective: every rank gets the same
+    answer, so a mistake one rank sees (an ``--out`` another rank can write) stops them all,
+    before any work and without MPI_Abort."""
+    try:
+        check()
+        error = None
+    except UsageError as exc:
+        error = str(exc)
+    errors = [e for e in world.allgather(error) if e is not None]
+    return errors[0] if errors else None
 
 
 def csv_list(text: str | None) -> list[str]:
@@ -44,6 +116,52 @@ def prepare_backends(console: Console) -> bool:
     return gpu
 
 
+def check_gemm_backend(name: str, dtype_name: str, device_type: str) -> None:
+    """That GEMM backend ``name`` exists, runs here, and takes ``dtype_name`` on
+    ``device_type``.
+
+    Raises:
+        UsageError: it does not, saying why.
+    """
+    import backends
+    from backends.dtypes import DTYPES
+
+    if name not in backends.BACKENDS:
+        raise UsageError(f"unknown backend {name}; known: {', '.join(backends.BACKENDS)}")
+    impl = backends.BACKENDS[name]
+    if (why := impl.unavailable()) is not None:
+        raise UsageError(f"backend {name} cannot run here: {why}")
+    if device_type not in impl.devices:
+        raise UsageError(f"backend {name} runs on {', '.join(impl.devices)}, not {device_type}")
+    if DTYPES[dtype_name].torch not in impl.dtypes:
+        raise UsageError(f"backend {name} does not take {dtype_name}")
+
+
+def default_comm(device_type: str) -> str:
+    """The communicator when ``--comm`` is not given: nccl on GPUs, mpi on CPUs."""
+    return "nccl" if device_type == "cuda" else "mpi"
+
+
+def check_comm(name: str, dtype_name: str, device_type: str) -> None:
+    """That communicator ``name`` exists, runs on ``device_type`` and can sum ``dtype_name``
+    (the TP layers all-reduce and reduce-scatter their partial sums).
+
+    Raises:
+        UsageError: it cannot, saying why.
+    """
+    import tp.comm
+    from backends.dtypes import DTYPES
+
+    if name not in tp.comm.BACKENDS:
+        raise UsageError(f"unknown communicator {name}; known: {', '.join(tp.comm.BACKENDS)}")
+    if name in ("nccl", "ring/nccl") and device_type != "cuda":
+        raise UsageError(f"--comm {name} needs GPUs (--device cuda)")
+    summable = tp.comm.reduce_dtypes(name, device_type)
+    if summable is not None and DTYPES[dtype_name].torch not in summable:
+        raise UsageError(f"the {name} communicator cannot sum {dtype_name}; use --comm ring"
+                         + (" or nccl" if device_type == "cuda" else ""))
+
+
 def launch_in_order() -> None:
     """Make the GPU start kernels in launch order (``CUDA_DEVICE_MAX_CONNECTIONS=1``), as
     Megatron-LM does for TP overlap: a communication kernel launched before a GEMM then gets
@@ -54,24 +172,42 @@ def launch_in_order() -> None:
     os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
 
 
-def mpi_setup(args, console: Console):
-    """Abort-on-exception, the device (bound GPU or CPU; ``args.device`` or cuda when a GPU is
-    visible), the Triton interpreter policy, and a printer for rank 0 only. Returns
-    ``(world, device, say)``.
+def mpi_setup(args, console: Console, check: Callable[[str, int], None] | None = None):
+    """The start of every ``mpiexec``-launched command, before any work: kernels in launch
+    order (``launch_in_order``), abort-on-exception (``tp.mpi``), the device type
+    (``args.device``, or cuda when a GPU is visible) and with it the Triton interpreter
+    policy (set before ``tp`` or ``backends`` is imported), then on every rank the run
+    options and ``check(device_type, ranks)`` (the command's own argument checks, raising
+    ``UsageError``), agreed between ranks; then the bound GPU or the CPU and the torch
+    threads (cores over the ranks on this node).
 
-    Raises:
-        UsageError: ``--device cuda`` without a visible GPU.
+    Returns:
+        ``(world, device, say)``, ``say`` printing on rank 0 only; or an ``int`` exit status
+        2 after one ``error:`` line on rank 0, when any rank found a mistake.
     """
+    launch_in_order()  # before MPI_Init, which may already initialise CUDA
+    device_type = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    use_interpreter_without_gpu(device_type)
     from mpi4py import MPI
 
     from tp.mpi import abort_on_exception, bind_device
 
     abort_on_exception()
     world = MPI.COMM_WORLD
-    device_type = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device_type == "cuda" and not torch.cuda.is_available():
-        raise UsageError("--device cuda but no CUDA GPU is visible")
-    use_interpreter_without_gpu(device_type)
-    device = bind_device(world) if device_type == "cuda" else torch.device("cpu")
     say = console.print if world.Get_rank() == 0 else (lambda *a, **k: None)
+
+    def checks() -> None:
+        if device_type == "cuda" and not torch.cuda.is_available():
+            raise UsageError("--device cuda but no CUDA GPU is visible")
+        check_run_options(args)
+        if check is not None:
+            check(device_type, world.Get_size())
+
+    if (error := agree(world, checks)) is not None:
+        say(f"error: {error}", highlight=False, soft_wrap=True)
+        return 2
+    device = bind_device(world) if device_type == "cuda" else torch.device("cpu")
+    local = world.Split_type(MPI.COMM_TYPE_SHARED)
+    set_threads(args.threads, local.Get_size())
+    local.Free()
     return world, device, say

@@ -29,20 +29,19 @@ timed (``ms`` None).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from torch import nn
 
 import backends
+from backends import dtypes
 from tp.comm.ring import chunk_bounds
 from tp.functional import comm_stream
 from tp.layers import ColumnParallelLinear, RowParallelLinear, reserve_sms
 
 from .timing import seconds_per_call
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-TOLERANCES = {"fp32": 1e-5, "bf16": 1e-2, "fp16": 5e-3}
 
 
 def _ms(fn, iters, warmup, device, world) -> float:
@@ -57,20 +56,25 @@ def _grads(y, inputs, grad_out):
 
 def run(world, comm, self_comm, device: torch.device, dtype_name: str, tokens: int,
         hidden: int, ratio: float, backend: str, chunks: int, iters: int, warmup: int,
-        seed: int = 0, sm_margin: int = 0) -> list[dict]:
+        seed: int = 0, sm_margin: int = 0,
+        record: Callable[[dict], None] | None = None) -> list[dict]:
     """All rows; collective over ``world`` (= the TP group ``comm``). ``self_comm`` is a
     one-rank communicator for the TP = 1 runs; ``sm_margin`` is the TP layers' (the TP = 1
-    block has nothing to overlap and uses none).
+    block has nothing to overlap and uses none). ``dtype_name``: one of
+    ``backends.dtypes.TP``, whose tolerance the checks use. ``record``, when given, is
+    called with each row as soon as it is finished.
 
     Raises:
-        ValueError: ratio * hidden not a whole number, or not a multiple of the TP size.
+        ValueError: ratio * hidden not a whole number, or not a multiple of the TP size; a
+            dtype outside ``backends.dtypes.TP``.
     """
     p, r = comm.size, comm.rank
     inner = hidden * ratio
     if inner != int(inner) or int(inner) % p:
         raise ValueError(f"ratio * hidden = {inner} must be a whole multiple of the TP size {p}")
     inner = int(inner)
-    dtype = DTYPES[dtype_name]
+    spec = dtypes.parse(dtype_name, dtypes.TP)
+    dtype, tol = spec.torch, spec.tolerance
     torch.manual_seed(seed)  # the same masters and data on every rank (CPU and CUDA RNGs)
     fc1 = nn.Linear(hidden, inner, device=device)
     fc2 = nn.Linear(inner, hidden, device=device)
@@ -109,7 +113,6 @@ def run(world, comm, self_comm, device: torch.device, dtype_name: str, tokens: i
 
     col, row = layers(comm, overlap=True)
     col_serial, row_serial = layers(comm, overlap=False)
-    tol = TOLERANCES[dtype_name]
     result = []
 
     def add(layer, phase, m, nn_, kk, error, fn, tp=p):
@@ -118,6 +121,8 @@ def run(world, comm, self_comm, device: torch.device, dtype_name: str, tokens: i
         result.append({"layer": layer, "phase": phase, "tp": tp, "M": m, "N": nn_, "K": kk,
                        "dtype": dtype_name, "max_rel_err": error, "ok": ok,
                        "ms": _ms(fn, iters, warmup, device, world) if ok else None})
+        if record is not None:
+            record(result[-1])
 
     # Inputs and upstream gradients in the layers' dtype, made once: outside every timed region.
     grad1 = g1[:, cols].to(dtype).contiguous()  # fc1's shard of dL/dY
@@ -167,7 +172,8 @@ def run(world, comm, self_comm, device: torch.device, dtype_name: str, tokens: i
         result += overlap_rows(world, comm, device, dtype_name, tol, xd.detach(), hd.detach(),
                                grad1, (col, col_serial, row, row_serial), iters, warmup,
                                refs=(fc1, fc2, hr.detach()[:, rows_], out, col_check,
-                                     (ref_dx1, ref_dw1.t()[:, cols], ref_db1[cols])))
+                                     (ref_dx1, ref_dw1.t()[:, cols], ref_db1[cols])),
+                               on_row=record)
     return result
 
 
@@ -195,7 +201,7 @@ def _column_check(col, xd, grad_y, ref_y, ref_grads, forward=True) -> tuple[floa
 
 
 def overlap_rows(world, comm, device, dtype_name, tol, xd, hd, grad_y, layers_, iters,
-                 warmup, refs) -> list[dict]:
+                 warmup, refs, on_row: Callable[[dict], None] | None = None) -> list[dict]:
     """Compute alone, communication alone, serial and overlapped, for both overlaps, each
     checked before it is timed (module doc).
 
@@ -203,7 +209,8 @@ def overlap_rows(world, comm, device, dtype_name, tol, xd, hd, grad_y, layers_, 
     of the upstream gradient, all in the layers' dtype. ``refs`` holds the fp32 references:
     the dense ``fc1`` and ``fc2``, this rank's block of fc2's input in fp32, fc2's dense
     output, the column layers' (forward, backward) errors already measured, and fc1's
-    reference gradients (dX, this rank's dW and db).
+    reference gradients (dX, this rank's dW and db). ``on_row``, when given, is called with
+    each row as soon as it is finished.
     """
     col, col_serial, row, row_serial = layers_
     fc1, fc2, h_block, ref_out, col_errors, col_ref_grads = refs
@@ -225,6 +232,8 @@ def overlap_rows(world, comm, device, dtype_name, tol, xd, hd, grad_y, layers_, 
                         overlapped_ms=overlapped, comm_hidden=comm_hidden,
                         overlap_efficiency=efficiency)
         out.append(row_)
+        if on_row is not None:
+            on_row(row_)
 
     stream = comm_stream(device) if device.type == "cuda" else None
 
@@ -269,6 +278,7 @@ def overlap_rows(world, comm, device, dtype_name, tol, xd, hd, grad_y, layers_, 
     xo = xd.detach().requires_grad_(True)
     yo = col(xo)
 
+    @torch.no_grad()  # as in the layer's backward, where autograd records nothing
     def gemms_backward():
         backends.gemm(grad_y, col.weight.t(), backend=col.backend)
         with reserve_sms(col.sm_margin, device):

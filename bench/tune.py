@@ -1,19 +1,22 @@
-"""``gemmlab tune``: grid search over the configurations of triton_fused and the cuda_*
-backends; the fastest per (GPU, backend, dtype, shape bucket) goes into the tuned table
-(``backends/tuning.py``) that ``gemm()`` and ``gemmlab bench`` then use.
+"""``gemmlab tune``: grid search over the configurations of every backend with a search space
+(``Backend.search_space``: triton_fused's beside its autotune lists, each CUDA C kernel's beside
+its default tile sizes in the registry); the fastest per (GPU, backend, dtype, shape bucket)
+goes into the tuned table (``backends/tuning.py``) that ``gemm()`` and ``gemmlab bench`` then
+use.
 
 For each shape x dtype, fresh random A, B and a full C feed every backend; the op is
 D = ReLU(A @ B + C). Each backend's default configuration (Triton's autotuner, the registry's
 tile sizes) is checked and timed first, then every candidate of its search space in a seeded
-random order: written into an output poisoned with NaN, compared with the float64 reference
-(relative Frobenius error, tolerance by dtype), and timed (``bench.timing.kernel_ms``: kernel
-time from CUDA-graph replay, the host excluded) only if
-it passed. A candidate that does not compile (a ``static_assert``, too much shared memory) or
-launch is counted as failed, one with a wrong result as rejected: neither is ever stored. The
-few fastest candidates, the default and the table's entry are then timed again in turns
-(``FINAL_ROUNDS``), so a drift of the GPU's clocks over the search favours none of them. The
-best candidate is stored when it is at least as fast as the default and as the tuned table's
-entry for the bucket (if any), both measured in the same run; it then replaces that entry.
+random order, each launched through ``Backend.bind_config``: written into an output poisoned
+with NaN, compared with the float64 reference (relative Frobenius error, tolerance by dtype),
+and timed (``bench.timing.kernel_ms``: kernel time from CUDA-graph replay, the host excluded)
+only if it passed. A candidate that does not compile (a ``static_assert``, too much shared
+memory) or launch is counted as failed, one with a wrong result as rejected: neither is ever
+stored. The few fastest candidates, the default and the table's entry are then timed again in
+turns (``FINAL_ROUNDS``), so a drift of the GPU's clocks over the search favours none of them.
+The best candidate is stored when it is at least as fast as the default and as the tuned
+table's entry for the bucket (if any), both measured in the same run; it then replaces that
+entry, at once, so an interrupted run keeps the groups it finished.
 The search follows siboehm/SGEMM_CUDA's autotuner scripts (a grid over the compile-time tile
 sizes, every variant checked) and ``triton.autotune``'s config lists.
 
@@ -24,188 +27,35 @@ sizes, every variant checked) and ``triton.autotune``'s config lists.
 from __future__ import annotations
 
 import datetime
-import itertools
 import random
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from rich.console import Console
 from rich.progress import Progress
 
+from backends.dtypes import DTYPES
+
 from .recording import git_commit
 from .timing import kernel_ms
 
-# triton_fused on a GPU. BLOCK_K depends on the operand type: 16-bit and TF32 operands feed
-# the tensor cores in K steps of 32-64; IEEE fp32 runs on the FMA units, with smaller steps.
-TRITON_SPACE = {"BLOCK_M": (64, 128, 256), "BLOCK_N": (64, 128, 256), "GROUP_M": (4, 8),
-                "num_warps": (4, 8), "num_stages": (2, 3, 4, 5)}
-TRITON_BLOCK_K = {"fp32": (16, 32), "tf32": (32, 64), "fp16": (32, 64), "bf16": (32, 64)}
-# PERSISTENT=1: triton_fused's persistent TMA kernel (compute capability 9.0+); 0: the
-# pointer kernel.
-TRITON_PERSISTENT = (0, 1)
-# Under the interpreter times are CPU times of a Python simulation: a tiny space keeps a CPU
-# run (and the tests) to seconds. It holds both kernels, so CPU runs cover both.
-INTERPRETER_SPACE = {"BLOCK_M": (16, 32), "BLOCK_N": (16, 32), "BLOCK_K": (16,),
-                     "GROUP_M": (4,), "num_warps": (4,), "num_stages": (1,),
-                     "PERSISTENT": TRITON_PERSISTENT}
-# A thread can hold 255 registers; an fp32 accumulator of more than 128 per thread leaves too
-# few for operands and addresses, and spills.
-MAX_ACC_PER_THREAD = 128
-MAX_THREADS = 1024  # CUDA's limit per thread block
 # After the screening pass the fastest FINALISTS candidates, the default and the table's entry
 # are timed again FINAL_ROUNDS times, taking turns: a GPU's clocks drift with its temperature
 # over a search, so one time per candidate favours whatever ran while the GPU was cool.
 FINALISTS = 3
 FINAL_ROUNDS = 3
-
-
-def _no_dependent_macros(params: dict[str, int]) -> dict[str, int]:
-    return {}
-
-
-@dataclass(frozen=True)
-class CudaSpace:
-    """The compile-time macros to sweep for one CUDA C kernel.
-
-    Attributes:
-        macros: each swept macro and its values; the space is their Cartesian product.
-        derive: from one combination, the macros that follow from it (e.g. ``THREADS`` from
-            the block and warp tiles), added to it.
-    """
-
-    macros: dict[str, tuple[int, ...]]
-    derive: Callable[[dict[str, int]], dict[str, int]] = _no_dependent_macros
-
-
-# Keyed by backend name. Each space holds the registry's default macros (the tests check it),
-# so the default is a candidate too; a kernel's static_asserts reject what does not fit.
-def _warp_tiles(p: dict[str, int]) -> dict[str, int]:
-    """WARP_N such that a warp's 32 lanes tile WARP_M x WARP_N with TM x TN each, and the
-    THREADS of BLOCK_M x BLOCK_N such warps (cuda_warptile, cuda_pipelined)."""
-    warp_n = 32 * p["TM"] * p["TN"] // p["WARP_M"]
-    return {"WARP_N": warp_n,
-            "THREADS": 32 * (p["BLOCK_M"] // p["WARP_M"]) * max(p["BLOCK_N"] // warp_n, 1)}
-
-
-CUDA_SPACES: dict[str, CudaSpace] = {
-    "cuda_naive": CudaSpace({"BLOCK_M": (4, 8, 16, 32), "BLOCK_N": (16, 32, 64, 128)}),
-    # One element of each input tile per thread: the tiles are square.
-    "cuda_smem": CudaSpace({"BLOCK_M": (8, 16, 32)},
-                           lambda p: {"BLOCK_N": p["BLOCK_M"], "BLOCK_K": p["BLOCK_M"]}),
-    "cuda_regblock": CudaSpace({"BLOCK_M": (64, 128), "BLOCK_N": (64, 128), "BLOCK_K": (8, 16),
-                                "TM": (4, 8), "TN": (4, 8)}),
-    "cuda_vec": CudaSpace({"BLOCK_M": (64, 128), "BLOCK_N": (64, 128), "BLOCK_K": (8, 16),
-                           "TM": (4, 8), "TN": (4, 8)},
-                          lambda p: {"THREADS": p["BLOCK_M"] // p["TM"] * p["BLOCK_N"] // p["TN"]}),
-    "cuda_warptile": CudaSpace({"BLOCK_M": (64, 128), "BLOCK_N": (64, 128), "BLOCK_K": (8, 16),
-                                "WARP_M": (32, 64), "TM": (8,), "TN": (4, 8)}, _warp_tiles),
-    "cuda_pipelined": CudaSpace({"BLOCK_M": (64, 128), "BLOCK_N": (64, 128), "BLOCK_K": (8, 16),
-                                 "WARP_M": (32, 64), "TM": (8,), "TN": (8,), "STAGES": (2, 3)},
-                                _warp_tiles),
-    "cuda_wmma": CudaSpace({"BLOCK_M": (128, 256), "BLOCK_N": (128,), "BLOCK_K": (16, 32),
-                            "WARPS_M": (2, 4), "THREADS": (256,)}),
-    "cuda_mma": CudaSpace({"BLOCK_M": (128, 256), "BLOCK_N": (128, 256), "BLOCK_K": (32, 64),
-                           "WARPS_M": (2, 4), "STAGES": (3, 4), "GROUP_M": (8,),
-                           "THREADS": (256,)}),
-    # One producer warpgroup and BLOCK_M / 64 consumer warpgroups.
-    "cuda_wgmma": CudaSpace({"BLOCK_M": (64, 128), "BLOCK_N": (128, 256), "BLOCK_K": (64,),
-                             "STAGES": (3, 4, 5), "GROUP_M": (8, 16)},
-                            lambda p: {"THREADS": 128 * (1 + p["BLOCK_M"] // 64)}),
-}
 # Without a GPU: one tiny shape, so the Triton interpreter gets through the space in seconds.
 CPU_SHAPES = [(64, 64, 64)]
 
 
-def triton_space(dtype_name: str, smem_bytes: int | None = None, interpreted: bool = False,
-                 persistent: bool = False) -> list[dict[str, int]]:
-    """triton_fused's candidates for ``dtype_name`` (fp32, tf32, fp16, bf16), as tuned-table
-    configs (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages, and PERSISTENT where
-    searched).
-
-    On a GPU (``interpreted=False``) ``TRITON_SPACE`` with ``TRITON_BLOCK_K``, and with
-    PERSISTENT 0 and 1 (``TRITON_PERSISTENT``) when ``persistent`` (the GPU runs the
-    persistent TMA kernel), less the configs that cannot fit: more shared memory than
-    ``smem_bytes`` (when given), that is the operand tiles of all stages,
-    (BLOCK_M + BLOCK_N) * BLOCK_K * bytes * num_stages, plus with PERSISTENT=1 the
-    epilogue's C and D buffers, 2 * BLOCK_M * BLOCK_N/2 * bytes; or more than
-    ``MAX_ACC_PER_THREAD`` accumulator elements per thread. Under the Triton interpreter,
-    ``INTERPRETER_SPACE`` (PERSISTENT 0 and 1 whatever ``persistent`` says).
-    """
-    if interpreted:
-        space = INTERPRETER_SPACE
-    else:
-        space = {**TRITON_SPACE, "BLOCK_K": TRITON_BLOCK_K[dtype_name]}
-        if persistent:
-            space["PERSISTENT"] = TRITON_PERSISTENT
-    size = 2 if dtype_name in ("fp16", "bf16") else 4  # TF32 operands are stored as fp32
-    configs = [dict(zip(space, values)) for values in itertools.product(*space.values())]
-    if interpreted:
-        return configs
-
-    def smem(c: dict[str, int]) -> int:
-        operands = (c["BLOCK_M"] + c["BLOCK_N"]) * c["BLOCK_K"] * size * c["num_stages"]
-        epilogue = 2 * c["BLOCK_M"] * (c["BLOCK_N"] // 2) * size if c.get("PERSISTENT") else 0
-        return operands + epilogue
-
-    return [c for c in configs
-            if (smem_bytes is None or smem(c) <= smem_bytes)
-            and c["BLOCK_M"] * c["BLOCK_N"] <= MAX_ACC_PER_THREAD * 32 * c["num_warps"]]
-
-
-def cuda_space(name: str) -> list[dict[str, int]]:
-    """The candidates of CUDA C backend ``name``: every combination of ``CUDA_SPACES[name]``
-    with its dependent macros, less those with more than 1024 threads per block.
-
-    Raises:
-        KeyError: ``name`` has no entry in ``CUDA_SPACES``.
-    """
-    from backends.cuda import CudaKernel
-
-    space = CUDA_SPACES[name]
-    configs = []
-    for values in itertools.product(*space.macros.values()):
-        params = dict(zip(space.macros, values))
-        params |= space.derive(params)
-        x, y = CudaKernel("", "", params).threads
-        if x * y <= MAX_THREADS:
-            configs.append(params)
-    return configs
-
-
-def smem_limit(device: torch.device) -> int | None:
-    """Shared memory one thread block may use on ``device``, in bytes (opt-in maximum: 227 KiB
-    on an H200); None on the CPU."""
-    if device.type != "cuda":
-        return None
-    props = torch.cuda.get_device_properties(device)
-    return getattr(props, "shared_memory_per_block_optin", props.shared_memory_per_block)
-
-
-def search_space(name: str, dtype_name: str, device: torch.device) -> list[dict[str, int]]:
-    """The candidates of backend ``name`` for ``dtype_name`` on ``device``; triton_fused's
-    include its persistent TMA kernel on a GPU of compute capability 9.0 or newer.
-
-    Raises:
-        KeyError: a backend without a search space (not triton_fused, not in CUDA_SPACES).
-    """
-    if name == "triton_fused":
-        from backends import triton_fused
-
-        return triton_space(dtype_name, smem_limit(device), interpreted=device.type == "cpu",
-                            persistent=triton_fused.persistent_unavailable_reason(device) is None)
-    return cuda_space(name)
-
-
 def tunable() -> list[str]:
-    """Backends with a search space here and a ``pin`` in the registry, in ladder order."""
+    """The backends with a search space (``Backend.search_space``), in ladder order."""
     import backends
 
-    return [b.name for b in backends.LADDER
-            if b.pin is not None and (b.name == "triton_fused" or b.name in CUDA_SPACES)]
+    return [b.name for b in backends.LADDER if b.search_space is not None]
 
 
 def _measure(run: Callable[[], object], out: torch.Tensor, ref: torch.Tensor, tol: float,
@@ -236,7 +86,7 @@ def _operands(m: int, n: int, k: int, dtype_name: str, device: torch.device,
 
     from . import gemm_bench as gb
 
-    dtype = gb.DTYPES[dtype_name][0]
+    dtype = DTYPES[dtype_name].torch
     a = gb.random_operand(m, k, dtype=dtype, device=device, generator=generator)
     b = gb.random_operand(k, n, dtype=dtype, device=device, generator=generator)
     c = gb.random_operand(m, n, dtype=dtype, device=device, generator=generator)
@@ -271,14 +121,15 @@ def _search(row: dict, impl, space: list[dict], operands, device: torch.device,
     d = torch.empty((m, n), dtype=a.dtype, device=device)
     problem = Problem.of(a, b, c, True, tf32)
 
-    def bound(config, note: str) -> Callable[[], object]:
+    def bound(config: dict | None, note: str) -> Callable[[], object]:
         """The backend's launch with ``config`` (None: its default), bound on first use (a
-        candidate that does not compile then counts as failed, in ``_measure``)."""
+        config it cannot use or that does not compile then counts as failed, in
+        ``_measure``)."""
         launch = []
 
         def run():
             if not launch:
-                launch.append(impl.bind(problem, config, note))
+                launch.append(impl.bind_config(problem, config, note))
             return launch[0](a, b, c, d)
 
         return run
@@ -294,16 +145,11 @@ def _search(row: dict, impl, space: list[dict], operands, device: torch.device,
     if status == "ok":
         runs["default"] = bound(None, "default")
     if incumbent is not None:
-        try:
-            table_config = impl.pin(incumbent)
-        except (KeyError, TypeError, ValueError) as exc:
-            status, ms, why = "failed", None, f"cannot pin it: {exc}"
-        else:
-            runs["table"] = bound(table_config, "the tuned table's entry")
-            status, ms, why = _measure(runs["table"], d, ref, tol, device, **timing)
+        runs["table"] = bound(incumbent, "the tuned table's entry")
+        status, ms, why = _measure(runs["table"], d, ref, tol, device, **timing)
         row.update(table_ms=ms, table_tflops=_tflops(m, n, k, ms))
         if status != "ok":
-            runs.pop("table", None)
+            del runs["table"]
             _add_note(row, f"the table's entry {status}: {why}")
     progress(f"{label}: 0/{len(space)} candidates", 1)
 
@@ -314,8 +160,8 @@ def _search(row: dict, impl, space: list[dict], operands, device: torch.device,
             row["note"] = f"budget spent after {row['tried']} of {len(space)} candidates"
             say(f"{label}: {row['note']}; keeping the best so far")
             break
-        status, ms, why = _measure(bound(impl.pin(config), "tuning candidate"), d, ref, tol,
-                                   device, **timing)
+        status, ms, why = _measure(bound(config, "tuning candidate"), d, ref, tol, device,
+                                   **timing)
         row["tried"] += 1
         progress(f"{label}: {row['tried']}/{len(space)} candidates", 1)
         if status != "ok":
@@ -324,7 +170,7 @@ def _search(row: dict, impl, space: list[dict], operands, device: torch.device,
         else:
             screened.append((ms, i))
     for _, i in sorted(screened)[:FINALISTS]:
-        runs[i] = bound(impl.pin(space[i]), "tuning finalist")
+        runs[i] = bound(space[i], "tuning finalist")
     # The final: everything that passed, timed in turns; each keeps the median of its rounds.
     times = {key: [] for key in runs}
     for _ in range(FINAL_ROUNDS if len(runs) > 1 else 0):
@@ -351,12 +197,13 @@ def run_tune(names: list[str], shapes: list[tuple[int, int, int]], dtype_names: 
     """Search every (shape, dtype, backend) group and merge the winners into the tuned table.
 
     Args:
-        names: backends to tune; each needs a search space (``search_space``) and must run
-            here; a (backend, dtype) the backend does not support on ``device`` is left out.
+        names: backends to tune; each needs a search space (``Backend.search_space``,
+            ``tunable()``) and must run here; a (backend, dtype) the backend does not support
+            on ``device`` is left out.
         shapes: (M, N, K) problems to tune on, each standing for its shape bucket.
         dtype_names: fp32, tf32, fp16, bf16.
-        device: where to run; on the CPU triton_fused runs under the Triton interpreter and
-            the times are CPU times.
+        device: where to run; on the CPU the Triton kernels run under the Triton
+            interpreter and the times are CPU times.
         budget_s: wall-clock budget in seconds for the whole run, or None. It is shared out
             evenly over the groups still to tune (time a group leaves unused passes on); a
             group stops starting candidates when its share is spent and keeps its best so far.
@@ -374,6 +221,9 @@ def run_tune(names: list[str], shapes: list[tuple[int, int, int]], dtype_names: 
         best_config, best_ms, best_tflops, stored (whether the best is now in the table),
         note, error (the first failure's message).
 
+    A stored winner is saved (``tuning.save``) as soon as its group finishes, so an
+    interrupted run (KeyboardInterrupt) keeps the groups it finished.
+
     Raises:
         ValueError: the table at ``out`` is malformed (nothing is written over it).
     """
@@ -383,9 +233,9 @@ def run_tune(names: list[str], shapes: list[tuple[int, int, int]], dtype_names: 
     from . import gemm_bench as gb
 
     path = tuning.table_path() if out is None else Path(out)
-    table = tuning.load(path)  # a malformed table fails now, not after the search
+    tuning.load(path)  # a malformed table fails now, not after the search
     gpu = tuning.device_name(device)
-    plan = [(shape, dtype_name, name, search_space(name, dtype_name, device))
+    plan = [(shape, dtype_name, name, backends.BACKENDS[name].search_space(dtype_name, device))
             for shape in shapes for dtype_name in dtype_names for name in names
             if gb.supports(backends.BACKENDS[name], dtype_name, device)]
     say = console.print if console is not None else (lambda *args: None)
@@ -395,7 +245,7 @@ def run_tune(names: list[str], shapes: list[tuple[int, int, int]], dtype_names: 
     commit = git_commit()
     timing = {"warmup_ms": warmup_ms, "rep_ms": rep_ms, "min_reps": min_reps}
     end = None if budget_s is None else time.monotonic() + budget_s
-    rows, stored, problem, operands = [], [], None, None
+    rows, problem, operands = [], None, None
     with Progress(console=console, transient=True, disable=console is None) as progress:
         task = progress.add_task("tune", total=sum(len(space) + 1 for *_, space in plan))
         for i, ((m, n, k), dtype_name, name, space) in enumerate(plan):
@@ -417,7 +267,8 @@ def run_tune(names: list[str], shapes: list[tuple[int, int, int]], dtype_names: 
                 progress.advance(task, len(space) + 1)
                 continue
             deadline = None if end is None else now + (end - now) / (len(plan) - i)
-            incumbent = table.get(name, gpu, dtype_name, m, n, k)
+            # Read again per group: an earlier group of the same bucket may have replaced it.
+            incumbent = tuning.load(path).get(name, gpu, dtype_name, m, n, k)
             _search(row, impl, space, operands, device, deadline, order, timing,
                     lambda text, advance: progress.update(task, description=text,
                                                           advance=advance), say,
@@ -429,14 +280,10 @@ def run_tune(names: list[str], shapes: list[tuple[int, int, int]], dtype_names: 
             elif row["table_ms"] is not None and row["best_ms"] > row["table_ms"]:
                 _add_note(row, "the table's entry was faster in this run: kept")
             else:
-                stored.append((row, {
-                    "gpu": gpu, "backend": name, "dtype": dtype_name,
-                    "bucket": row["bucket"], "config": row["best_config"],
-                    "tflops": row["best_tflops"], "ms": row["best_ms"],
-                    "default_tflops": row["default_tflops"], "shape": [m, n, k], "date": date,
-                    "git_commit": commit}))
-    if stored:
-        tuning.save([entry for _, entry in stored], path)
-        for row, _ in stored:
-            row["stored"] = True
+                tuning.save([{"gpu": gpu, "backend": name, "dtype": dtype_name,
+                              "bucket": row["bucket"], "config": row["best_config"],
+                              "tflops": row["best_tflops"], "ms": row["best_ms"],
+                              "default_tflops": row["default_tflops"], "shape": [m, n, k],
+                              "date": date, "git_commit": commit}], path)
+                row["stored"] = True
     return rows

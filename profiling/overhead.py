@@ -27,6 +27,8 @@ from pathlib import Path
 
 import torch
 
+from backends.dtypes import DTYPES, GEMM, name_of
+
 from . import nvtx as gemmlab_nvtx
 
 
@@ -88,7 +90,7 @@ def measure(size: int, dtype: torch.dtype, device: torch.device, calls: int,
             off.append(gemm_ms(a, b, calls))
     cost = range_cost_us()
     ms_on, ms_off = statistics.median(on), statistics.median(off)
-    return {"size": size, "dtype": str(dtype).removeprefix("torch."), "device": str(device),
+    return {"size": size, "dtype": name_of(dtype), "device": str(device),
             "range_us": cost, "gemm_ms_with_ranges": ms_on, "gemm_ms_without_ranges": ms_off,
             "range_share_of_call": cost / (ms_off * 1e3),
             "measured_difference": (ms_on - ms_off) / ms_off,
@@ -99,14 +101,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python3 -m profiling.overhead", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", type=int, default=4096, help="M = N = K (default 4096)")
-    parser.add_argument("--dtype", choices=("fp32", "fp16", "bf16"), default="fp16")
+    parser.add_argument("--dtype", choices=[n for n in GEMM if not DTYPES[n].tf32],
+                        default="fp16")
     parser.add_argument("--calls", type=int, default=200, help="GEMM calls per timing")
     parser.add_argument("--rounds", type=int, default=5, help="alternating on/off timings")
     parser.add_argument("--device", choices=("cpu", "cuda"))
     parser.add_argument("--out", help="directory for overhead.json")
     args = parser.parse_args(argv)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
+    dtype = DTYPES[args.dtype].torch
     result = measure(args.size, dtype, device, args.calls, args.rounds)
     print(f"NVTX range push/pop: {result['range_us']:.2f} µs; {args.size}³ {args.dtype} cublas "
           f"GEMM on {device}: {result['gemm_ms_with_ranges']:.4f} ms with ranges, "

@@ -40,7 +40,7 @@ def test_parse_shape_rejects(text):
 
 @pytest.mark.skipif(HAS_GPU, reason="the CPU functional check runs only without a GPU")
 def test_cpu_bench_end_to_end(tmp_path):
-    result = gemmlab("bench", "--shapes", "17x33x65,1", "--rep-ms", "2", "--out", str(tmp_path))
+    result = gemmlab("bench", "--shape", "17x33x65,1", "--rep-ms", "2", "--out", str(tmp_path))
     assert result.returncode == 0, result.stdout + result.stderr
     first_line = result.stdout.splitlines()[0]
     assert first_line.startswith("No CUDA GPU found: running the CPU functional check only")
@@ -70,11 +70,11 @@ def test_cpu_bench_end_to_end(tmp_path):
 
 
 def test_bench_rejects_unknown_names():
-    result = gemmlab("bench", "--backends", "cublas,cutlass", "--dtypes", "fp8",
-                     "--epilogues", "gelu")
+    result = gemmlab("bench", "--backend", "cublas,cutlass", "--dtype", "fp8",
+                     "--epilogue", "gelu")
     assert result.returncode == 2
     assert "unknown fp8, gelu, cutlass" in result.stdout
-    assert gemmlab("bench", "--shapes", "4x4").returncode == 2
+    assert gemmlab("bench", "--shape", "4x4").returncode == 2
 
 
 def _broken(backend: backends.Backend, damage) -> backends.Backend:
@@ -254,7 +254,7 @@ def test_roofline_intensity_and_plot(tmp_path):
     rows = [row, {**row, "backend": "cuda_regblock", "dtype": "fp32", "tflops": 30.0},
             {**row, "backend": "cuda_naive", "tflops": None}]
     path = tmp_path / "roofline.png"
-    roofline.plot(rows, ceilings, gb.DTYPES, gb.EPILOGUES, path)
+    roofline.plot(rows, ceilings, gb.EPILOGUES, path)
     assert path.stat().st_size > 10_000
 
 
@@ -268,13 +268,13 @@ def test_launcher_choice_is_checked():
         with pytest.raises(RuntimeError, match="launcher pycuda: " + re.escape(why)):
             with use_launcher("pycuda"):
                 pass
-    result = gemmlab("bench", "--shapes", "3", "--launcher", "numba")
+    result = gemmlab("bench", "--shape", "3", "--launcher", "numba")
     assert result.returncode == 2 and "unknown launcher numba" in result.stdout
 
 
 @pytest.mark.skipif(HAS_GPU, reason="the CPU functional check runs only without a GPU")
 def test_cpu_bench_says_what_gpu_only_options_need():
-    result = gemmlab("bench", "--shapes", "3", "--rep-ms", "2", "--backends", "cublas",
+    result = gemmlab("bench", "--shape", "3", "--rep-ms", "2", "--backend", "cublas",
                      "--launcher", "cupy,pycuda", "--resources", "--roofline")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "skipped launcher pycuda: no CUDA GPU visible to torch" in result.stdout
@@ -283,7 +283,7 @@ def test_cpu_bench_says_what_gpu_only_options_need():
 
 
 def test_shapes_that_do_not_fit_are_refused_before_anything_is_allocated():
-    result = gemmlab("bench", "--shapes", "160000", "--dtypes", "fp32")
+    result = gemmlab("bench", "--shape", "160000", "--dtype", "fp32")
     assert result.returncode == 2, result.stdout + result.stderr
     # per element of 160000^2: A, B and their float64 copies 2 x (4 + 8) bytes; out, D and C
     # 3 x 4; the float64 reference 8

@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from backends import dtypes
 from bench import comm_bench as cb
+from tp.comm.nccl_backend import NCCL_SUM, nccl_code
 from tp.comm.ring import chunk_bounds
 
 REPO = Path(__file__).resolve().parent.parent
@@ -42,7 +44,7 @@ def mpirun(n: int, *args: str, timeout: int = 180, env: dict | None = None
 @needs_mpi
 @pytest.mark.parametrize("ranks", [2, 3, 4])
 def test_every_operation_matches_numpy(ranks):
-    result = mpirun(ranks, str(PROGRAMS / "collectives.py"), "--backends", "mpi,ring")
+    result = mpirun(ranks, str(PROGRAMS / "collectives.py"), "--comm", "mpi,ring")
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"OK mpi on {ranks} ranks (cpu)" in result.stdout
     assert f"OK ring/mpi on {ranks} ranks (cpu)" in result.stdout
@@ -146,12 +148,13 @@ def test_gemmlab_comm_on_cpu_end_to_end(tmp_path):
     result = mpirun(2, "-m", "bench.cli", "comm", "--device", "cpu", "-b", "1K", "-e", "64K",
                     "-f", "4", "-n", "4", "-w", "1", "-c", "2", "--call-check", "on,off", "--op",
                     "all_reduce,all_gather,reduce_scatter,all_to_all,broadcast",
-                    "--backend", "mpi,ring", "--out", str(tmp_path))
+                    "--comm", "mpi,ring", "--out", str(tmp_path))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "size (B)" in result.stdout and "#wrong" in result.stdout
     rows = json.loads((tmp_path / "results.json").read_text())["rows"]
     for row in rows:
         assert row["ok"] and row["wrong"] == 0 and row["ranks"] == 2 and row["check_every"] == 2
+        assert row["dtype"] == "fp32"
         assert row["time_us"] > 0 and row["algbw"] > 0 and row["busbw"] > 0
     assert {(r["op"], r["backend"], r["call_check"]) for r in rows} == {
         (op, b, check) for op in cb.COLLECTIVES for b in ("mpi", "ring/mpi")
@@ -162,11 +165,58 @@ def test_gemmlab_comm_on_cpu_end_to_end(tmp_path):
 
 
 @needs_mpi
-def test_gemmlab_comm_rejects_unknown_names():
-    result = mpirun(1, "-m", "bench.cli", "comm", "--device", "cpu", "--op", "all_reduce,scan",
-                    "--backend", "gloo")
-    assert result.returncode == 2
-    assert "unknown scan, gloo" in result.stdout
+def test_gemmlab_comm_takes_the_long_options_and_the_short_dtype_names(tmp_path):
+    """bf16 on 3 ranks: ring sums it, native MPI has no bf16 type and is skipped."""
+    result = mpirun(3, "-m", "bench.cli", "comm", "--device", "cpu", "--min-bytes", "1K",
+                    "--max-bytes", "8K", "--step-factor", "8", "--iters", "3",
+                    "--warmup-iters", "1", "--check-every", "1", "--comm", "mpi,ring",
+                    "--dtype", "bf16", "--op", "all_reduce,all_gather", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "skipped all_reduce on mpi: not supported for bf16" in result.stdout
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert {(r["op"], r["backend"]) for r in rows} == {
+        ("all_reduce", "ring/mpi"), ("all_gather", "mpi"), ("all_gather", "ring/mpi")}
+    for row in rows:
+        assert row["ok"] and row["dtype"] == "bf16" and row["ranks"] == 3
+        assert row["iters"] == 3 and row["check_every"] == 1
+    assert sorted({r["bytes"] for r in rows if r["op"] == "all_reduce"}) == [1024, 8192]
+
+
+@needs_mpi
+@pytest.mark.parametrize("argv,message", [
+    (("--op", "all_reduce,scan"), "error: unknown op scan; known: all_reduce, all_gather, "
+                                  "reduce_scatter, all_to_all, broadcast"),
+    (("--comm", "mpi,gloo"), "error: unknown communicator gloo; known: mpi, ring, ring/mpi, "
+                             "ring/nccl, nccl, nccl_direct"),
+    (("--dtype", "float32"), "error: unknown dtype float32; known: fp32, fp64, fp16, bf16, "
+                             "int32, int64"),
+    (("--comm", "nccl"), "error: --comm nccl needs GPUs (--device cuda)"),
+    (("-e", "1K", "-b", "4K"), "error: need 1 <= min bytes <= max bytes"),
+])
+def test_gemmlab_comm_rejects_unknown_names(argv, message):
+    result = mpirun(1, "-m", "bench.cli", "comm", "--device", "cpu", *argv)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert message in result.stdout, result.stdout
+
+
+def test_gemmlab_comm_options_keep_nccl_tests_letters():
+    """``--comm`` is the communicator (``--backend`` is the GEMM backend everywhere else)."""
+    from bench.cli import build_parser
+
+    parser = build_parser()
+    long = parser.parse_args(["comm", "--min-bytes", "2K", "--max-bytes", "4M",
+                              "--step-factor", "4", "--iters", "7", "--warmup-iters", "2",
+                              "--check-every", "3", "--comm", "ring", "--dtype", "int64"])
+    short = parser.parse_args(["comm", "-b", "2K", "-e", "4M", "-f", "4", "-n", "7", "-w", "2",
+                               "-c", "3", "--comm", "ring", "--dtype", "int64"])
+    fields = ("min_bytes", "max_bytes", "step_factor", "iters", "warmup_iters", "check_every",
+              "comm", "dtype")
+    assert [getattr(long, f) for f in fields] == [getattr(short, f) for f in fields] == [
+        "2K", "4M", 4, 7, 2, 3, "ring", "int64"]
+    assert parser.parse_args(["comm"]).dtype == "fp32"
+    for old in ("--backend", "--minbytes", "--maxbytes", "--stepfactor", "--warmup_iters"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["comm", old, "1"])
 
 
 @pytest.mark.parametrize("n,parts,want", [(10, 3, [0, 4, 7, 10]), (2, 4, [0, 1, 2, 2, 2]),
@@ -273,3 +323,64 @@ def test_comm_inputs_are_fresh_per_rank_and_size_and_reproducible():
                   cb.random_input(0, "all_reduce", 2048, 512, cpu)[:256],
                   cb.random_input(0, "all_gather", 1024, 256, cpu)):
         assert (other != a).float().mean() > 0.5  # unrelated draws agree on ~1/5
+
+
+def test_comm_rows_name_their_dtype_in_the_shared_vocabulary(monkeypatch):
+    monkeypatch.setattr(cb, "seconds_per_call", lambda fn, n, device, world: 1e-6)
+    for name in dtypes.COMM:
+        dtype = dtypes.DTYPES[name].torch
+        truth = _true_all_reduce(2, 1024, 1024 // dtype.itemsize).to(dtype)
+        row = cb.measure(_FakeComm(lambda i: truth), "all_reduce", 1024, dtype,
+                         torch.device("cpu"), _FakeWorld(2, 0), iters=2, warmup=0)
+        assert row["ok"] and row["dtype"] == name and row["count"] == 1024 // dtype.itemsize
+
+
+def test_the_dtype_vocabulary():
+    assert dtypes.GEMM == dtypes.GEMM_GPU == ("fp32", "tf32", "fp16", "bf16")
+    assert dtypes.GEMM_CPU == ("fp32", "fp16", "bf16") == dtypes.TP
+    assert dtypes.COMM == ("fp32", "fp64", "fp16", "bf16", "int32", "int64")
+    assert dtypes.TOLERANCES == {"fp32": 1e-5, "tf32": 5e-3, "fp16": 5e-3, "bf16": 1e-2}
+    assert [dtypes.name_of(d.torch) for d in dtypes.DTYPES.values() if not d.tf32] == [
+        n for n in dtypes.DTYPES if n != "tf32"]
+    assert dtypes.name_of(torch.float32, tf32=True) == "tf32"
+    assert dtypes.parse("tf32", dtypes.GEMM).torch == torch.float32
+    assert dtypes.parse("tf32", dtypes.GEMM).tf32 and not dtypes.parse("fp32").tf32
+    with pytest.raises(ValueError, match=r"^unknown dtype tf32; known: fp32, fp16, bf16$"):
+        dtypes.parse("tf32", dtypes.TP)
+    with pytest.raises(ValueError, match="unknown dtype float32; known: fp32, fp64"):
+        dtypes.parse("float32", dtypes.COMM)
+    with pytest.raises(ValueError, match="tf32 applies to torch.float32 only"):
+        dtypes.name_of(torch.float16, tf32=True)
+    with pytest.raises(ValueError, match="no gemmlab name for torch.complex64"):
+        dtypes.name_of(torch.complex64)
+    with pytest.raises(AttributeError):
+        dtypes.DTYPES["fp32"].tolerance = 1.0  # frozen
+
+
+def test_nccl_and_mpi_codes_are_the_abi_values():
+    """ncclDataType_t of nccl.h (ncclInt8 0, ncclUint8 1, ncclInt32 2, ncclInt64 4,
+    ncclFloat16 6, ncclFloat32 7, ncclFloat64 8, ncclBfloat16 9), and the MPI datatypes the
+    mpi communicator sums with (none for fp16 and bf16)."""
+    assert {n: d.nccl for n, d in dtypes.DTYPES.items()} == {
+        "fp32": 7, "tf32": None, "fp16": 6, "bf16": 9, "fp64": 8, "int32": 2, "int64": 4,
+        "int8": 0, "uint8": 1}
+    assert [nccl_code(dtypes.DTYPES[n].torch) for n in dtypes.COMM] == [7, 8, 6, 9, 2, 4]
+    assert NCCL_SUM == 0
+    with pytest.raises(TypeError, match="nccl has no data type for torch.bool"):
+        nccl_code(torch.bool)
+    assert {n: d.mpi for n, d in dtypes.DTYPES.items() if d.mpi} == {
+        "fp32": "FLOAT", "fp64": "DOUBLE", "int32": "INT32_T", "int64": "INT64_T"}
+
+
+@needs_mpi
+def test_each_communicator_says_what_it_can_sum_without_being_created():
+    import tp.comm
+    from tp.comm.mpi_backend import MpiCommunicator
+
+    assert tp.comm.reduce_dtypes("mpi") == MpiCommunicator.reduce_dtypes == (
+        torch.float32, torch.float64, torch.int32, torch.int64)
+    assert tp.comm.reduce_dtypes("ring") is None and tp.comm.reduce_dtypes("ring", "cuda") is None
+    assert set(tp.comm.reduce_dtypes("nccl", "cuda")) == {
+        d.torch for d in dtypes.DTYPES.values() if d.nccl is not None}
+    with pytest.raises(ValueError, match="unknown communicator 'gloo'"):
+        tp.comm.reduce_dtypes("gloo")

@@ -1,11 +1,14 @@
-"""Every ``.cu`` of the ladder compiles with nvcc for sm_90 (sm_90a for the wgmma kernel) with
-the registry's tile sizes, for each dtype it is built for, and ptxas reports no register
-spills and no stack frame (spills would put a kernel's accumulators in local memory, defeating
-register blocking), nor serialized or waited-for wgmma instructions."""
+"""Every ``.cu`` of the ladder is a registry entry and opens with its ladder step; it compiles
+with nvcc for sm_90 (sm_90a for the wgmma kernel) with the registry's tile sizes, for each dtype
+it is built for, and ptxas reports no register spills and no stack frame (spills would put a
+kernel's accumulators in local memory, defeating register blocking), nor serialized or
+waited-for wgmma instructions. A kernel's description (what its backend's ``config()`` and a
+bench row report) names the build that ran."""
 
 import re
 import shutil
 import subprocess
+from dataclasses import replace
 
 import pytest
 import torch
@@ -34,6 +37,36 @@ def test_every_cu_file_is_a_backend():
     sources = sorted(p.name for p in SOURCE_DIR.glob("*.cu"))
     assert sources == sorted(k.source for k in CUDA_KERNELS.values())
     assert set(CUDA_KERNELS) <= set(BACKENDS)
+
+
+def test_every_cu_file_opens_with_its_ladder_step():
+    """Step n of the CUDA C ladder is ``0n_*.cu``, whose first line names the step, the
+    backend and the technique it adds."""
+    for step, (name, kernel) in enumerate(CUDA_KERNELS.items(), start=1):
+        assert kernel.source.startswith(f"{step:02d}_"), kernel.source
+        header = (SOURCE_DIR / kernel.source).read_text().splitlines()[0]
+        assert re.fullmatch(rf"// Ladder step {step}, {name}: \S.*", header), header
+
+
+def test_a_description_names_the_build_that_ran():
+    """``described`` reads back ``description()`` (with or without the tuning note that
+    ``config()`` adds): the default tile sizes and a tuned build alike."""
+    for kernel in CUDA_KERNELS.values():
+        builds = [kernel] + ([replace(kernel, params=kernel.space.candidates()[0])]
+                             if kernel.space else [])
+        for build in builds:
+            text = build.description()
+            assert text.startswith(f"{kernel.source} -D")
+            assert kernel.described(text) == build
+            note = "tuned: tuned.json entry for NVIDIA H200 fp16 bucket 4096x4096x4096 (-DX=1)"
+            assert kernel.described(f"{text} ({note})") == build
+    naive, smem = CUDA_KERNELS["cuda_naive"], CUDA_KERNELS["cuda_smem"]
+    for text, why in [(smem.description(), "does not describe a build of 01_naive.cu"),
+                      ("", "does not describe a build of 01_naive.cu"),
+                      ("01_naive.cu -DGEMM_FP16", "'-DGEMM_FP16' is not a -DNAME=value"),
+                      ("01_naive.cu BLOCK_M=16", "'BLOCK_M=16' is not a -DNAME=value")]:
+        with pytest.raises(ValueError, match=why):
+            naive.described(text)
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not on PATH")

@@ -1,6 +1,8 @@
 """gemm(): every error path, the degenerate shapes, strides, bias and out= handling, on the
 backends that run on this machine (the CPU ones on CI, all of them on a GPU)."""
 
+from pathlib import Path
+
 import pytest
 import torch
 from conftest import HAS_GPU, assert_matches_reference, random_inputs
@@ -9,17 +11,38 @@ from hypothesis import strategies as st
 
 import backends
 from backends import BackendUnavailableError, gemm
+from backends.registry import CUDA_KERNELS
 
 DEVICE = "cuda" if HAS_GPU else "cpu"
 RUNNING = [s.name for s in backends.available() if s.runs]
-LADDER_ORDER = ["cublas", "cublaslt", "torch_compile", "torch_unfused", "cuda_naive",
-                "cuda_smem", "cuda_regblock", "cuda_vec", "cuda_warptile", "cuda_pipelined",
-                "cuda_wmma", "cuda_mma", "cuda_wgmma", "triton_fused"]
+LADDER_ORDER = [b.name for b in backends.LADDER]  # the registry is the one list
+REPOSITORY = Path(__file__).resolve().parent.parent
 
 
 def test_registry_is_the_ladder_in_order():
-    assert [b.name for b in backends.LADDER] == LADDER_ORDER
-    assert list(backends.BACKENDS) == LADDER_ORDER
+    assert list(backends.BACKENDS) == LADDER_ORDER and len(set(LADDER_ORDER)) == len(LADDER_ORDER)
+    assert all(backends.BACKENDS[b.name] is b for b in backends.LADDER)
+    # The CUDA C rungs climb in the order of their files' step numbers (01_naive.cu, ...).
+    cuda = [name for name in LADDER_ORDER if name in CUDA_KERNELS]
+    assert cuda == list(CUDA_KERNELS)
+    assert [CUDA_KERNELS[name].source for name in cuda] == sorted(k.source for k in
+                                                                  CUDA_KERNELS.values())
+
+
+def test_the_readme_ladder_table_has_one_row_per_registry_entry():
+    """In ladder order, each naming the file that holds the backend."""
+    lines = (REPOSITORY / "README.md").read_text().splitlines()
+    start = lines.index("| backend | file | technique | dtypes |")
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip().strip("`") for cell in line.strip("|").split("|")])
+    assert [row[0] for row in rows] == LADDER_ORDER
+    for name, file, technique, _ in rows:
+        assert (REPOSITORY / file).is_file() and technique, name
+        if name in CUDA_KERNELS:
+            assert file == f"backends/cuda/{CUDA_KERNELS[name].source}"
 
 
 def test_available_lists_every_backend_with_a_reason_when_it_cannot_run():
@@ -27,13 +50,14 @@ def test_available_lists_every_backend_with_a_reason_when_it_cannot_run():
     assert [s.name for s in status] == LADDER_ORDER
     for s in status:
         assert s.runs == (s.reason == "")
-    assert {"cublas", "torch_unfused", "triton_fused"} <= {s.name for s in status if s.runs}
+    on_cpu = {b.name for b in backends.LADDER if "cpu" in b.devices}  # need no GPU
+    assert on_cpu and on_cpu | {"triton_fused"} <= {s.name for s in status if s.runs}
 
 
 @pytest.mark.skipif(HAS_GPU, reason="checks the no-GPU report")
 def test_cuda_backends_report_why_they_cannot_run_without_a_gpu(rng):
     a, b, _ = random_inputs(4, 4, 4, generator=rng)
-    for name in ("cuda_naive", "cuda_smem", "cuda_regblock"):
+    for name in CUDA_KERNELS:
         with pytest.raises(BackendUnavailableError, match="no CUDA GPU"):
             gemm(a, b, backend=name)
 

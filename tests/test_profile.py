@@ -35,12 +35,12 @@ def gemmlab_profile(*argv: str) -> tuple[int, str]:
 # ---- command lines -------------------------------------------------------------------------
 
 def test_ncu_command_line():
-    argv = ncu.build_command(["gemmlab", "bench", "--backends", "cuda_regblock"], "out/report",
+    argv = ncu.build_command(["gemmlab", "bench", "--backend", "cuda_regblock"], "out/report",
                              ranges=["cuda_regblock"])
     assert argv == ["ncu", "--clock-control", "none", "--nvtx",
                     "--nvtx-include", "gemmlab@cuda_regblock/", *SECTIONS,
                     "--metrics", ",".join(ncu.EXTRA_METRICS),
-                    "-o", "out/report", "-f", "gemmlab", "bench", "--backends", "cuda_regblock"]
+                    "-o", "out/report", "-f", "gemmlab", "bench", "--backend", "cuda_regblock"]
 
 
 def test_ncu_command_line_options():
@@ -70,9 +70,9 @@ def test_ncu_needs_a_command():
 
 
 def test_nsys_command_line_one_process():
-    assert nsys.build_command(["gemmlab", "bench", "--shapes", "1024"], "out") == [
+    assert nsys.build_command(["gemmlab", "bench", "--shape", "1024"], "out") == [
         *NSYS_PROFILE, "--output=out/report", "--force-overwrite=true",
-        "gemmlab", "bench", "--shapes", "1024"]
+        "gemmlab", "bench", "--shape", "1024"]
 
 
 @pytest.mark.parametrize("variable", ["OMPI_COMM_WORLD_RANK", "PMI_RANK"])

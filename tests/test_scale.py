@@ -13,7 +13,7 @@ pytestmark = needs_mpi
 
 # hidden 32, 2 heads (head_dim 16), FFN 4 x 32; 4 sequences of 16 tokens.
 TINY = ["--device", "cpu", "--tokens", "64", "--hidden", "32", "--heads", "2", "--seq", "16",
-        "--iters", "2", "--warmup", "1"]
+        "--iters", "2", "--warmup-iters", "1"]
 
 
 def _check_rows(rows, p):

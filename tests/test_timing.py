@@ -93,8 +93,8 @@ def test_cpu_samples_are_measured_and_at_least_min_reps():
 def test_overhead_benchmark_end_to_end_on_cpu(tmp_path):
     from test_bench import gemmlab
 
-    result = gemmlab("bench", "--overhead", "--backends", "cublas,torch_unfused,triton_fused",
-                     "--dtypes", "fp32", "--shapes", "16", "--out", str(tmp_path))
+    result = gemmlab("bench", "--overhead", "--backend", "cublas,torch_unfused,triton_fused",
+                     "--dtype", "fp32", "--shape", "16", "--out", str(tmp_path))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "gemm() host overhead" in result.stdout
     rows = json.loads((tmp_path / "results.json").read_text())["rows"]

@@ -27,7 +27,7 @@ def test_transformer_layer_tp2_matches_tp1():
 
 def test_gemmlab_tp_on_cpu(tmp_path):
     result = mpirun(2, "-m", "bench.cli", "tp", "--device", "cpu", "--tokens", "96",
-                    "--hidden", "32", "--iters", "2", "--warmup", "1", "--out", str(tmp_path))
+                    "--hidden", "32", "--iters", "2", "--warmup-iters", "1", "--out", str(tmp_path))
     assert result.returncode == 0, result.stdout + result.stderr
     rows = json.loads((tmp_path / "results.json").read_text())["rows"]
     timed = [r for r in rows if "ms" in r]
@@ -82,5 +82,5 @@ def test_train_rejects_a_layout_that_does_not_fit(tmp_path):
     assert "--tp 1 x --dp 3 must equal the 2 ranks" in result.stdout
     result = mpirun(2, "-m", "bench.cli", "train", "--device", "cpu", "--tp", "1",
                     "--batch", "5", "--steps", "1")
-    assert result.returncode != 0
-    assert "global batch 5 is not a multiple of the DP size 2" in result.stderr
+    assert result.returncode == 2 and result.stderr == ""
+    assert result.stdout == "error: --batch 5 is not a multiple of the DP size 2\n"

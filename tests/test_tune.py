@@ -3,6 +3,7 @@ their pruning, shape buckets, load/save/merge, lookup and why_not, gemm(tuned=Tr
 entry, and ``gemmlab tune`` end to end. Every test reads and writes a table under tmp_path
 (through GEMMLAB_TUNED_FILE), never backends/tuned.json."""
 
+import dataclasses
 import io
 import json
 import re
@@ -15,8 +16,10 @@ from rich.console import Console
 
 import backends
 from backends import gemm, triton_fused, tuning
-from bench import tune
-from bench.cli import build_parser
+from backends.cuda import MAX_THREADS, CudaKernel, CudaSpace
+from backends.problem import Problem
+from backends.registry import CUDA_KERNELS
+from bench import cli, tune
 
 DEVICE = torch.device("cuda" if HAS_GPU else "cpu")
 GPU = tuning.device_name(DEVICE)
@@ -52,7 +55,7 @@ def smem_bytes(c, size):
 @pytest.mark.parametrize("dtype_name,size,block_k", [("fp16", 2, {32, 64}), ("bf16", 2, {32, 64}),
                                                     ("tf32", 4, {32, 64}), ("fp32", 4, {16, 32})])
 def test_triton_space_is_pruned_to_what_fits(dtype_name, size, block_k):
-    space = tune.triton_space(dtype_name, H200_SMEM)
+    space = triton_fused.candidates(dtype_name, H200_SMEM)
     assert {c["BLOCK_K"] for c in space} == block_k
     assert {c["BLOCK_M"] for c in space} == {c["BLOCK_N"] for c in space} == {64, 128, 256}
     assert {c["GROUP_M"] for c in space} == {4, 8}
@@ -63,11 +66,11 @@ def test_triton_space_is_pruned_to_what_fits(dtype_name, size, block_k):
         assert smem_bytes(c, size) <= H200_SMEM
         assert c["BLOCK_M"] * c["BLOCK_N"] <= 128 * 32 * c["num_warps"]
     unpruned = 3 * 3 * 2 * 2 * 2 * 4
-    no_smem_limit = tune.triton_space(dtype_name)
+    no_smem_limit = triton_fused.candidates(dtype_name)
     assert len(space) < len(no_smem_limit) < unpruned
     assert {"BLOCK_M": 256, "BLOCK_N": 256, "BLOCK_K": max(block_k), "GROUP_M": 8,
             "num_warps": 8, "num_stages": 2} not in no_smem_limit  # 256 accumulators/thread
-    smaller = tune.triton_space(dtype_name, 64 * 1024)
+    smaller = triton_fused.candidates(dtype_name, 64 * 1024)
     assert smaller and all(c in space for c in smaller) and len(smaller) < len(space)
 
 
@@ -75,27 +78,30 @@ def test_triton_space_is_pruned_to_what_fits(dtype_name, size, block_k):
                                                 ("fp32", triton_fused.CONFIGS_FP32)])
 def test_triton_space_covers_the_autotuners_list(dtype_name, configs):
     """The default configuration is always a candidate, so tuning never has to lose to it."""
-    space = tune.triton_space(dtype_name, H200_SMEM)
+    space = triton_fused.candidates(dtype_name, H200_SMEM)
     for c in configs:
         assert {**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages} in space
 
 
 def test_interpreter_space_is_tiny():
-    space = tune.triton_space("fp32", interpreted=True)
+    space = triton_fused.candidates("fp32", interpreted=True)
     assert 1 < len(space) <= 8
     assert all(set(c) == {"BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages",
                           "PERSISTENT"} for c in space)
     assert {c["PERSISTENT"] for c in space} == {0, 1}  # both kernels, on the CPU too
-    assert tune.search_space("triton_fused", "fp16", torch.device("cpu")) == tune.triton_space(
-        "fp16", interpreted=True)
+    default = triton_fused.INTERPRETER_CONFIG  # what runs untuned, a candidate too
+    assert {**default.kwargs, "num_warps": default.num_warps, "num_stages": default.num_stages,
+            "PERSISTENT": 0} in space
+    assert backends.BACKENDS["triton_fused"].search_space(
+        "fp16", torch.device("cpu")) == triton_fused.candidates("fp16", interpreted=True)
 
 
 @pytest.mark.parametrize("dtype_name,size", [("fp16", 2), ("tf32", 4), ("fp32", 4)])
 def test_triton_space_searches_the_persistent_kernel_where_it_runs(dtype_name, size):
     """persistent=True (compute capability 9.0+): PERSISTENT 0 is the pointer kernel's space
     as before; PERSISTENT 1 also needs shared memory for the epilogue's C and D halves."""
-    pointer_only = tune.triton_space(dtype_name, H200_SMEM)
-    space = tune.triton_space(dtype_name, H200_SMEM, persistent=True)
+    pointer_only = triton_fused.candidates(dtype_name, H200_SMEM)
+    space = triton_fused.candidates(dtype_name, H200_SMEM, persistent=True)
     assert all("PERSISTENT" not in c for c in pointer_only)
     assert [{**c, "PERSISTENT": 0} for c in pointer_only] == [
         c for c in space if c["PERSISTENT"] == 0]
@@ -115,23 +121,34 @@ def test_triton_space_searches_the_persistent_kernel_where_it_runs(dtype_name, s
                 "PERSISTENT": 0} in space
 
 
+def cuda_space(name):
+    """The search space of CUDA C backend ``name`` (the same for every dtype and device)."""
+    return backends.BACKENDS[name].search_space("fp32", DEVICE)
+
+
 def test_cuda_spaces_hold_the_registry_defaults_and_fit_a_block():
-    regblock = tune.cuda_space("cuda_regblock")
+    regblock = cuda_space("cuda_regblock")
     assert len(regblock) == 2 * 2 * 2 * 2 * 2
     assert {c["TM"] for c in regblock} == {c["TN"] for c in regblock} == {4, 8}
-    assert all(c["BLOCK_M"] == c["BLOCK_N"] == c["BLOCK_K"] for c in tune.cuda_space("cuda_smem"))
-    naive = tune.cuda_space("cuda_naive")
+    assert all(c["BLOCK_M"] == c["BLOCK_N"] == c["BLOCK_K"] for c in cuda_space("cuda_smem"))
+    naive = cuda_space("cuda_naive")
     assert len(naive) < 4 * 4 and all(c["BLOCK_M"] * c["BLOCK_N"] <= 1024 for c in naive)
-    for name in tune.CUDA_SPACES:
-        assert backends.registry.CUDA_KERNELS[name].params in tune.cuda_space(name), name
+    searched = [name for name in CUDA_KERNELS if backends.BACKENDS[name].search_space]
+    assert searched  # every rung with a space, whatever the ladder holds
+    for name in searched:
+        kernel, space = CUDA_KERNELS[name], cuda_space(name)
+        assert kernel.params in space, name
+        for dtype_name in ("fp32", "fp16", "bf16"):  # the same space for every dtype
+            assert backends.BACKENDS[name].search_space(dtype_name, DEVICE) == space
+        assert all(x * y <= MAX_THREADS for x, y in (CudaKernel("", "", c).threads
+                                                     for c in space))
 
 
-def test_cuda_space_derives_dependent_macros(monkeypatch):
-    space = tune.CudaSpace({"BLOCK_M": (64, 128, 256), "WARP_M": (16, 32)},
-                           lambda p: {"BLOCK_N": 128, "TM": 1, "TN": 1,
-                                      "THREADS": 32 * (p["BLOCK_M"] // p["WARP_M"]) * 4})
-    monkeypatch.setitem(tune.CUDA_SPACES, "cuda_test", space)
-    configs = tune.cuda_space("cuda_test")
+def test_cuda_space_derives_dependent_macros():
+    space = CudaSpace({"BLOCK_M": (64, 128, 256), "WARP_M": (16, 32)},
+                      lambda p: {"BLOCK_N": 128, "TM": 1, "TN": 1,
+                                 "THREADS": 32 * (p["BLOCK_M"] // p["WARP_M"]) * 4})
+    configs = space.candidates()
     assert {"BLOCK_M": 64, "WARP_M": 16, "BLOCK_N": 128, "TM": 1, "TN": 1,
             "THREADS": 512} in configs
     assert len(configs) == 5 and all(c["THREADS"] <= 1024 for c in configs)
@@ -139,11 +156,30 @@ def test_cuda_space_derives_dependent_macros(monkeypatch):
         {"BLOCK_M": c["BLOCK_M"], "WARP_M": c["WARP_M"]} for c in configs]
 
 
-def test_tunable_backends_are_triton_fused_and_the_cuda_kernels():
+def test_tunable_backends_are_the_ones_with_a_search_space_in_ladder_order():
     names = tune.tunable()
-    assert {"cuda_naive", "cuda_smem", "cuda_regblock", "triton_fused"} <= set(names)
-    assert names == [b.name for b in backends.LADDER if b.name in names]  # ladder order
+    assert names == [b.name for b in backends.LADDER if b.search_space is not None]
+    assert all(backends.BACKENDS[name].pin is not None for name in names)  # entries pin
+    assert {name for name, kernel in CUDA_KERNELS.items() if kernel.space} <= set(names)
+    assert "triton_fused" in names
     assert "cublas" not in names and backends.BACKENDS["cublas"].pin is None
+
+
+def test_bind_config_is_the_tuning_interface(rng):
+    """A search-space config, checked the way the tuner checks one; a backend with nothing
+    to tune refuses it."""
+    a, b, c = random_inputs(40, 24, 32, device=DEVICE, generator=rng)
+    problem = Problem.of(a, b, c, True)
+    impl = backends.BACKENDS["triton_fused"]
+    config = impl.search_space("fp32", DEVICE)[-1]
+    out = torch.full((40, 24), float("nan"), device=DEVICE)
+    impl.bind_config(problem, config, "a note")(a, b, c, out)
+    assert_matches_reference(out, a, b, c, "relu")
+    assert impl.config().endswith("(a note)") and f"BLOCK_M: {config['BLOCK_M']}" in impl.config()
+    with pytest.raises(ValueError, match="PERSISTENT is 2, not 0 or 1"):
+        impl.bind_config(problem, {**config, "PERSISTENT": 2}, "a note")
+    with pytest.raises(ValueError, match="'cublas' has no configuration to set"):
+        backends.BACKENDS["cublas"].bind_config(problem, None, "a note")
 
 
 # --- the table -------------------------------------------------------------------------------
@@ -236,13 +272,19 @@ PINNED = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16, "GROUP_M": 2, "num_warps"
 
 @pytest.fixture
 def launches(monkeypatch):
-    """The ``config`` of every triton_fused launch bound (gemm() binds once per signature)."""
+    """The ``config`` of every triton_fused launch, in order, as ``triton_fused.bind`` got it:
+    None for the default configuration (the autotuner; the interpreter's fixed config)."""
     seen = []
     bind = triton_fused.bind
 
     def spy(p, config=None):
-        seen.append(config)
-        return bind(p, config)
+        launch = bind(p, config)
+
+        def run(a, b, c, out):
+            seen.append(config)
+            return launch(a, b, c, out)
+
+        return run
 
     monkeypatch.setattr(triton_fused, "bind", spy)
     return seen
@@ -335,15 +377,16 @@ FLOP_40_24_32 = 2 * 40 * 24 * 32  # the tuned shape of the fake-clock tests
 def test_run_tune_stores_a_checked_winner_that_gemm_then_uses(table, launches, monkeypatch, rng):
     # Candidates are timed for real; the default reports 1 s, so the best one is stored
     # whatever the noise of CPU times.
-    monkeypatch.setattr(tune, "kernel_ms", _default_reports(1000.0))
+    monkeypatch.setattr(tune, "kernel_ms", _default_reports(1000.0, launches))
     rows = tune.run_tune(["triton_fused"], [(40, 24, 32)], ["fp32"], DEVICE, budget_s=120,
                          out=table, **FAST)
     (row,) = rows
-    assert row["tried"] == row["candidates"] == len(tune.triton_space("fp32", interpreted=True))
+    assert row["tried"] == row["candidates"] == len(triton_fused.candidates("fp32",
+                                                                           interpreted=True))
     assert row["failed"] == row["rejected"] == 0 and row["default_ok"] and row["stored"]
     stored = tuning.lookup("triton_fused", "cpu", "fp32", 40, 24, 32)
     assert stored["config"] == row["best_config"]
-    assert stored["config"] in tune.triton_space("fp32", interpreted=True)
+    assert stored["config"] in triton_fused.candidates("fp32", interpreted=True)
     assert stored["bucket"] == [64, 32, 32] and stored["shape"] == [40, 24, 32]
     assert stored["tflops"] == row["best_tflops"] > 0 and stored["ms"] == row["best_ms"]
     assert stored["default_tflops"] == row["default_tflops"] == 2 * 40 * 24 * 32 / 1e12
@@ -385,7 +428,8 @@ def test_run_tune_can_store_the_persistent_kernel_and_gemm_then_runs_it(table, l
 
 @interpreter_only
 @pytest.mark.parametrize("table_ms,replaced", [(1.5, True), (0.25, False)])
-def test_the_tables_entry_is_timed_in_the_same_run(table, monkeypatch, table_ms, replaced):
+def test_the_tables_entry_is_timed_in_the_same_run(table, launches, monkeypatch, table_ms,
+                                                   replaced):
     """The entry's recorded TFLOP/s (from another run) do not count; its time in this run
     does: a candidate replaces it only when faster here."""
     old = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 8, "num_warps": 4,
@@ -396,8 +440,8 @@ def test_the_tables_entry_is_timed_in_the_same_run(table, monkeypatch, table_ms,
 
     def fake_kernel_ms(fn, device, **timing):
         fn()
-        config = triton_fused._last[0]
-        if config is triton_fused.INTERPRETER_CONFIG:
+        config = launches[-1]
+        if config is None:
             return 2.0  # the default
         return table_ms if config.kwargs["GROUP_M"] == 8 else 1.0
 
@@ -416,15 +460,16 @@ def test_the_tables_entry_is_timed_in_the_same_run(table, monkeypatch, table_ms,
 
 
 @interpreter_only
-def test_finalists_are_chosen_by_their_median_over_the_final_rounds(table, monkeypatch):
+def test_finalists_are_chosen_by_their_median_over_the_final_rounds(table, launches,
+                                                                    monkeypatch):
     """A candidate that was fast once (a cool GPU while it was screened) but slow in the
     final rounds loses to one that is fast every time."""
     calls = {}
 
     def drifting_clock(fn, device, **timing):
         fn()
-        config = triton_fused._last[0]
-        if config is triton_fused.INTERPRETER_CONFIG:
+        config = launches[-1]
+        if config is None:  # the default
             return 2.0
         key = tuple(config.kwargs[k] for k in ("BLOCK_M", "BLOCK_N", "PERSISTENT"))
         calls[key] = calls.get(key, 0) + 1
@@ -462,6 +507,30 @@ def test_a_budget_spent_mid_search_keeps_the_best_so_far(table, monkeypatch):
     assert row["tried"] == 1 and row["note"] == "budget spent after 1 of 8 candidates"
     assert row["stored"]  # a tie with the default is stored
     assert tuning.lookup("triton_fused", "cpu", "fp32", 16, 16, 16)["config"] == row["best_config"]
+
+
+@interpreter_only
+def test_an_interrupted_run_keeps_the_groups_it_finished(table, monkeypatch):
+    """Each group's winner is saved as soon as the group finishes: a Ctrl-C in the second
+    group leaves the first group's entry in the table file."""
+    monkeypatch.setattr(tune, "kernel_ms", lambda fn, device, **timing: 1.0)  # a tie is stored
+    search, started = tune._search, []
+
+    def interrupted(row, *args, **kwargs):
+        started.append(row["dtype"])
+        if len(started) == 2:
+            raise KeyboardInterrupt
+        return search(row, *args, **kwargs)
+
+    monkeypatch.setattr(tune, "_search", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        tune.run_tune(["triton_fused"], [(16, 16, 16)], ["fp32", "fp16"], DEVICE, out=table,
+                      **FAST)
+    assert started == ["fp32", "fp16"]
+    (saved,) = json.loads(table.read_text())["entries"]
+    assert (saved["gpu"], saved["backend"], saved["dtype"], saved["bucket"]) == (
+        "cpu", "triton_fused", "fp32", [16, 16, 16])
+    assert saved["config"] in triton_fused.candidates("fp32", interpreted=True)
 
 
 @interpreter_only
@@ -505,51 +574,57 @@ def test_broken_and_wrong_candidates_are_never_timed_or_stored(table, monkeypatc
 
 
 @interpreter_only
-def test_nothing_is_stored_when_the_default_is_faster(table, monkeypatch):
-    monkeypatch.setattr(tune, "kernel_ms", _default_reports(1.0, lambda fn, device, **_: 2.0))
+def test_nothing_is_stored_when_the_default_is_faster(table, launches, monkeypatch):
+    monkeypatch.setattr(tune, "kernel_ms",
+                        _default_reports(1.0, launches, lambda fn, device, **_: 2.0))
     (row,) = tune.run_tune(["triton_fused"], [(16, 16, 16)], ["fp32"], DEVICE, out=table)
     assert row["best_ms"] == 2.0 and row["default_ms"] == 1.0 and not row["stored"]
     assert row["note"] == "the default configuration was faster: not stored"
     assert not table.exists()
 
 
-def _default_reports(default_ms, kernel_ms=tune.kernel_ms):
+def _default_reports(default_ms, launches, kernel_ms=tune.kernel_ms):
     """A clock for ``tune.kernel_ms`` that reports ``default_ms`` whenever the default
-    configuration (Triton's autotuner; the interpreter's fixed config) is what ran, in the
-    screening pass and in the final rounds alike, and ``kernel_ms`` for everything else."""
+    configuration (Triton's autotuner; the interpreter's fixed config) is what ran (the
+    latest of ``launches``, the fixture, is None), in the screening pass and in the final
+    rounds alike, and ``kernel_ms`` for everything else."""
     def clock(fn, device, **timing):
         fn()
-        if triton_fused._last[0] is triton_fused.INTERPRETER_CONFIG:
+        if launches[-1] is None:
             return default_ms
         return kernel_ms(fn, device, **timing)
     return clock
 
 
 def gemmlab_tune(*argv):
-    args = build_parser().parse_args(["tune", *argv])
+    args = cli.build_parser().parse_args(["tune", *argv])
     output = io.StringIO()
-    code = args.func(args, Console(file=output, width=200))
+    code = cli.run(args, Console(file=output, width=200))
     return code, output.getvalue()
 
 
 @interpreter_only
 def test_gemmlab_tune_on_the_cpu(table, monkeypatch):
     monkeypatch.setattr(tune, "kernel_ms", lambda fn, device, **timing: 1.0)  # a tie is stored
-    monkeypatch.delitem(tune.CUDA_SPACES, "cuda_smem")
-    code, output = gemmlab_tune("--shapes", "32", "--dtypes", "fp32,bf16", "--budget", "120",
+    # A backend that pins tuned entries but has no search space is skipped, with the reason.
+    unsearched = dataclasses.replace(backends.BACKENDS["cuda_smem"], search_space=None)
+    monkeypatch.setattr(backends, "LADDER", tuple(unsearched if b.name == "cuda_smem" else b
+                                                  for b in backends.LADDER))
+    monkeypatch.setitem(backends.BACKENDS, "cuda_smem", unsearched)
+    code, output = gemmlab_tune("--shape", "32", "--dtype", "fp32,bf16", "--budget", "120",
                                 "--warmup-ms", "1", "--rep-ms", "1")
     assert code == 0, output
     assert output.startswith("No CUDA GPU found")
     assert "skipped cuda_regblock: no CUDA GPU" in output
-    assert "skipped cuda_smem: no search space (bench.tune.CUDA_SPACES)" in output
+    assert "skipped cuda_smem: no search space (Backend.search_space)" in output
     assert "1 of 1 groups stored in " + str(table) in output  # bf16: not in the interpreter
     assert tuning.lookup("triton_fused", "cpu", "fp32", 32, 32, 32) is not None
 
 
 @pytest.mark.parametrize("argv,message", [
-    (("--backends", "cublas"), "not tunable: cublas"),
-    (("--dtypes", "fp8"), "unknown or not tunable: fp8"),
-    (("--shapes", "4x4"), "is not N or MxNxK"),
+    (("--backend", "cublas"), "not tunable: cublas"),
+    (("--dtype", "fp8"), "unknown or not tunable: fp8"),
+    (("--shape", "4x4"), "is not N or MxNxK"),
 ])
 def test_gemmlab_tune_rejects_bad_arguments(argv, message):
     code, output = gemmlab_tune(*argv)
@@ -558,7 +633,7 @@ def test_gemmlab_tune_rejects_bad_arguments(argv, message):
 
 def test_gemmlab_tune_keeps_a_malformed_table(table):
     table.write_text("{")
-    code, output = gemmlab_tune("--shapes", "16", "--dtypes", "fp32", "--out", str(table))
+    code, output = gemmlab_tune("--shape", "16", "--dtype", "fp32", "--out", str(table))
     assert code == 2 and "malformed tuned table" in output and table.read_text() == "{"
 
 

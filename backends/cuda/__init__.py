@@ -32,9 +32,11 @@ import contextlib
 import contextvars
 import ctypes
 import functools
+import itertools
 import sys
 import threading
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -42,11 +44,12 @@ import torch
 from profiling.cuda_toolkit import toolkit_include_dirs
 
 from ..problem import Problem
+from .sources import SOURCE_DIR, compile_options
 
-SOURCE_DIR = Path(__file__).resolve().parent
 _MAX_GRID_Y = 65535  # CUDA's limit on gridDim.y, which runs over the tiles along M
 _DTYPE_DEFINES = {torch.float32: (), torch.float16: ("-DGEMM_FP16",),
                   torch.bfloat16: ("-DGEMM_BF16",)}
+MAX_THREADS = 1024  # CUDA's limit per thread block
 
 
 @functools.cache
@@ -62,6 +65,36 @@ def cuda_unavailable_reason() -> str | None:
     return None
 
 
+def _no_dependent_macros(params: dict[str, int]) -> dict[str, int]:
+    return {}
+
+
+@dataclass(frozen=True)
+class CudaSpace:
+    """The compile-time macros ``gemmlab tune`` sweeps for one CUDA C kernel.
+
+    Attributes:
+        macros: each swept macro and its values; the space is their Cartesian product.
+        derive: from one combination, the macros that follow from it (e.g. ``THREADS`` from
+            the block and warp tiles), added to it.
+    """
+
+    macros: dict[str, tuple[int, ...]]
+    derive: Callable[[dict[str, int]], dict[str, int]] = _no_dependent_macros
+
+    def candidates(self) -> list[dict[str, int]]:
+        """Every combination of ``macros`` with its dependent macros, in order, less those
+        with more than ``MAX_THREADS`` threads per block (``CudaKernel.threads``)."""
+        configs = []
+        for values in itertools.product(*self.macros.values()):
+            params = dict(zip(self.macros, values))
+            params |= self.derive(params)
+            x, y = CudaKernel("", "", params).threads
+            if x * y <= MAX_THREADS:
+                configs.append(params)
+        return configs
+
+
 @dataclass(frozen=True)
 class CudaKernel:
     """One ``.cu`` file of the ladder and the compile-time tile sizes it is built with.
@@ -75,6 +108,8 @@ class CudaKernel:
         dtypes: operand dtypes it is built for (float32, or float16 and bfloat16).
         tma: reads A and B through TMA tensor maps and needs sm_90a (see the module doc);
             ``params`` must then hold ``BLOCK_M`` and ``BLOCK_K``, the box of A.
+        space: the macros ``gemmlab tune`` searches (its candidates hold ``params``; the
+            kernel's static_asserts reject what does not fit), or None: nothing to tune.
     """
 
     source: str
@@ -82,6 +117,7 @@ class CudaKernel:
     params: dict[str, int] = field(default_factory=dict)
     dtypes: tuple[torch.dtype, ...] = (torch.float32,)
     tma: bool = False
+    space: CudaSpace | None = None
 
     @property
     def arch_suffix(self) -> str:
@@ -105,6 +141,31 @@ class CudaKernel:
         """The ``-D`` compiler options that fix the tile sizes and the element type."""
         return (*(f"-D{k}={v}" for k, v in sorted(self.params.items())),
                 *_DTYPE_DEFINES[dtype])
+
+    def description(self) -> str:
+        """The source file and the tile sizes as ``-D`` options, e.g. ``"03_regblock.cu
+        -DBLOCK_K=8 -DBLOCK_M=128 -DBLOCK_N=128 -DTM=8 -DTN=8"``: how the backend's
+        ``config()`` names the build that ran (``described`` reads it back)."""
+        return " ".join((self.source, *self.defines()))
+
+    def described(self, text: str) -> CudaKernel:
+        """This kernel with the tile sizes that ``text`` names: a ``description()``, maybe
+        followed by a note in parentheses (the backend's ``config()``, a bench row's
+        ``config``).
+
+        Raises:
+            ValueError: ``text`` does not describe a build of this kernel's source file.
+        """
+        source, *defines = text.split(" (", 1)[0].split() or [""]
+        if source != self.source:
+            raise ValueError(f"{text!r} does not describe a build of {self.source}")
+        params = {}
+        for define in defines:
+            macro, equals, value = define.removeprefix("-D").partition("=")
+            if not define.startswith("-D") or not equals or not value.isdigit():
+                raise ValueError(f"{text!r}: {define!r} is not a -DNAME=value tile size")
+            params[macro] = int(value)
+        return replace(self, params=params)
 
     def compiled(self, dtype: torch.dtype, device: int):
         """The compiled kernel (a ``cupy.RawKernel``-like function) and its dynamic shared
@@ -259,11 +320,6 @@ def pycuda_unavailable_reason() -> str | None:
     except ImportError as exc:
         return f"PyCUDA is not installed ({exc}); install gemmlab[pycuda]"
     return None
-
-
-def compile_options(arch: str, defines: tuple[str, ...]) -> tuple[str, ...]:
-    """NVRTC/nvcc options for ``arch`` (e.g. ``"sm_90"``) and a kernel's ``-D`` defines."""
-    return (f"-arch={arch}", "-std=c++17", f"-I{SOURCE_DIR}", *defines)
 
 
 @functools.cache

@@ -18,7 +18,7 @@ import functools
 import numpy as np
 import torch
 
-from . import SOURCE_DIR, CudaKernel, compile_options
+from .sources import SOURCE_DIR, compile_options
 
 
 @functools.cache
@@ -54,11 +54,10 @@ def _compiled(source: str, name: str, defines: tuple[str, ...], device: int, arc
     return function, smem
 
 
-def launch(kernel: CudaKernel, dtype: torch.dtype, device: int, grid: tuple[int, int],
-           args: tuple) -> None:
-    """Launch ``kernel`` for ``dtype`` operands on ``device`` with the launcher-neutral
-    ``args`` (four pointers, M, N, K, ldc, relu, and the tensor-map buffer of a ``tma``
-    kernel) on the default stream.
+def launch(kernel, dtype: torch.dtype, device: int, grid: tuple[int, int], args: tuple) -> None:
+    """Launch ``kernel`` (a ``backends.cuda.CudaKernel``) for ``dtype`` operands on
+    ``device`` with the launcher-neutral ``args`` (four pointers, M, N, K, ldc, relu, and the
+    tensor-map buffer of a ``tma`` kernel) on the default stream.
 
     Raises:
         RuntimeError: torch's current stream is not the default stream.

@@ -11,105 +11,118 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from ..session import csv_list, prepare_backends
+from backends.dtypes import DTYPES, GEMM, GEMM_CPU, GEMM_GPU
+
+from ..session import (
+    UsageError,
+    add_run_options,
+    check_run_options,
+    csv_list,
+    prepare_backends,
+    row_printer,
+    set_threads,
+)
+from ..style import flops
+
+
+def _selection(args, gpu: bool):
+    """(backend names, shapes, dtype names, epilogues, launchers) the arguments ask for.
+
+    Raises:
+        UsageError: a name that does not exist, a malformed shape, ``--rounds`` < 1.
+    """
+    import backends
+    from backends.cuda import LAUNCHERS
+
+    from .. import gemm_bench as gb
+
+    try:
+        shapes = ([gb.parse_shape(s) for s in csv_list(args.shape)] if args.shape
+                  else (gb.GPU_SHAPES if gpu else gb.CPU_SHAPES))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    dtype_names = csv_list(args.dtype) or list(GEMM_GPU if gpu else GEMM_CPU)
+    epilogues = tuple(csv_list(args.epilogue))
+    names = csv_list(args.backend) or list(backends.BACKENDS)
+    launchers = tuple(csv_list(args.launcher)) or ("cupy",)
+    for kind, given, known in (("backend", names, tuple(backends.BACKENDS)),
+                               ("dtype", dtype_names, GEMM),
+                               ("epilogue", epilogues, tuple(gb.EPILOGUES)),
+                               ("launcher", launchers, LAUNCHERS)):
+        if bad := [x for x in given if x not in known]:
+            raise UsageError(f"unknown {kind} {', '.join(bad)}; known: {', '.join(known)}")
+    if args.rounds < 1:
+        raise UsageError(f"--rounds must be >= 1, got {args.rounds}")
+    return names, shapes, dtype_names, epilogues or ("relu_c",), launchers
+
+
+def _nothing_runs(names: list[str], dtype_names: list[str], device: torch.device) -> str:
+    """Why no requested (backend, dtype) runs on ``device``: one reason per pair."""
+    import backends
+
+    from .. import gemm_bench as gb
+
+    reasons = []
+    for name in names:
+        impl = backends.BACKENDS[name]
+        if (why := impl.unavailable()) is not None:
+            reasons.append(f"{name}: {why}")
+            continue
+        reasons += [f"{name} {d}: {gb.unsupported(impl, d, device)}" for d in dtype_names]
+    return "nothing to run here; " + "; ".join(reasons)
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
+    """0 when every row passed its float64 check, 1 when one failed; a mistake in the
+    arguments (checked before any work) raises UsageError."""
+    check_run_options(args)
+    set_threads(args.threads)
     gpu = prepare_backends(console)
-    import backends
-    from backends.cuda import LAUNCHERS, pycuda_unavailable_reason
+    from backends.cuda import pycuda_unavailable_reason
 
     from .. import gemm_bench as gb
-    from ..recording import collect_meta, write_results
+    from ..recording import Recorder
 
     device = torch.device("cuda" if gpu else "cpu")
-    try:
-        shapes = [gb.parse_shape(s) for s in csv_list(args.shapes)] if args.shapes else (
-            gb.GPU_SHAPES if gpu else gb.CPU_SHAPES)
-    except ValueError as exc:
-        console.print(f"error: {exc}")
-        return 2
-    dtype_names = (csv_list(args.dtypes) if args.dtypes
-                   else (gb.GPU_DTYPES if gpu else gb.CPU_DTYPES))
-    epilogues = tuple(csv_list(args.epilogues))
-    unknown = [d for d in dtype_names if d not in gb.DTYPES]
-    unknown += [e for e in epilogues if e not in gb.EPILOGUES]
-    names = csv_list(args.backends) if args.backends else list(backends.BACKENDS)
-    unknown += [n for n in names if n not in backends.BACKENDS]
-    if unknown:
-        console.print(f"error: unknown {', '.join(unknown)}; backends: "
-                      f"{', '.join(backends.BACKENDS)}; dtypes: {', '.join(gb.DTYPES)}; "
-                      f"epilogues: {', '.join(gb.EPILOGUES)}")
-        return 2
-    if dtype_names and (why := gb.too_large(shapes, dtype_names, device, epilogues or
-                                             ("relu_c",))) is not None:
-        console.print(f"error: {why}")
-        return 2
-    names = gb.runnable(names, console.print)
-
-    launchers = tuple(csv_list(args.launcher))
-    if unknown := [x for x in launchers if x not in LAUNCHERS]:
-        console.print(f"error: unknown launcher {', '.join(unknown)}; known: "
-                      f"{', '.join(LAUNCHERS)}")
-        return 2
+    requested, shapes, dtype_names, epilogues, launchers = _selection(args, gpu)
+    if (why := gb.too_large(shapes, dtype_names, device, epilogues)) is not None:
+        raise UsageError(why)
     if "pycuda" in launchers and (why := pycuda_unavailable_reason()) is not None:
         console.print(f"skipped launcher pycuda: {why}")
-        launchers = tuple(x for x in launchers if x != "pycuda")
-    if not launchers:
-        launchers = ("cupy",)
-
-    if args.rounds < 1:
-        console.print(f"error: --rounds must be >= 1, got {args.rounds}")
-        return 2
+        launchers = tuple(x for x in launchers if x != "pycuda") or ("cupy",)
+    names = gb.runnable(requested, console.print)
+    total = gb.count_rows(names, shapes, dtype_names, device, epilogues, launchers)
+    if total == 0:
+        raise UsageError(_nothing_runs(requested, dtype_names, device))
     if args.overhead:
-        return _overhead(args, names, dtype_names, shapes if args.shapes else None, device,
+        return _overhead(args, names, dtype_names, shapes if args.shape else None, device,
                          console)
     timing = gb.Timing(args.warmup_ms, args.rep_ms, args.min_reps, args.rounds, args.timing)
-    with Progress(console=console, transient=True) as progress:
-        total = gb.count_rows(names, shapes, dtype_names, device, epilogues, launchers)
+    recorder = Recorder(args.out, gb.plot, row_printer(console, gb.describe, total))
+    with Progress(console=console, transient=True, disable=not console.is_terminal) as progress:
         task = progress.add_task("bench", total=total)
 
         def step(description: str) -> None:
             progress.update(task, description=description, advance=1)
 
-        rows = gb.run_sweep(names, shapes, dtype_names, device, timing, args.seed, epilogues, step,
-                            launchers)
+        gb.run_sweep(names, shapes, dtype_names, device, timing, args.seed, epilogues, step,
+                     launchers, record=recorder.extend)
+    rows = recorder.rows
     extra = {}
     if args.resources:
         extra["resources"] = _resources_table(rows, device, console)
     if args.roofline:
-        from bench.roofline import CEILING_SHAPE, measure_ceilings
+        from ..roofline import CEILING_SHAPE, measure_ceilings
 
         if device.type != "cuda":
             console.print("--roofline: no GPU here; the ceilings are measured on a GPU only")
         else:
-            extra["ceilings"] = measure_ceilings(dtype_names, device, gb.DTYPES)
-            peaks = ", ".join(f"{k} {v:.1f} TFLOP/s" for k, v in
+            extra["ceilings"] = measure_ceilings(dtype_names, device)
+            peaks = ", ".join(f"{k} {flops(v)}" for k, v in
                               extra["ceilings"]["peak_tflops"].items())
             console.print(f"ceilings, this run: copy {extra['ceilings']['bandwidth_gbps']:.0f} "
                           f"GB/s; cuBLAS at {CEILING_SHAPE}^3: {peaks}")
-
-    title = "gemmlab bench" + ("" if gpu else "  [CPU functional check: wall times]")
-    table = Table(title=title, caption="kernel ms: CUDA-graph replay, L2 flushed (eager where "
-                  "marked e); call ms: one eager call to an idle GPU; * launch-bound (call > "
-                  f"{1 + gb.LAUNCH_BOUND:.1f} x kernel); % of the best of cublas and cublaslt"
-                  if gpu else None)
-    for col in ("backend", "dtype", "D =", "M", "N", "K", "kernel ms", "call ms", "TFLOP/s",
-                "% best cuBLAS", "x compile", "rel err", "check"):
-        numeric = col not in ("backend", "dtype", "D =", "check")
-        table.add_column(col, justify="right" if numeric else "left")
-    for r in rows:
-        label = r["backend"] + (f" ({r['launcher']})" if len(launchers) > 1 and r["launcher"]
-                                else "")
-        kernel = gb.fmt(r["kernel_ms"], ".4f") + (" e" if r["timing"].startswith("eager")
-                                                  else "")
-        call = gb.fmt(r["call_ms"], ".4f") + ("*" if r["launch_bound"] else "")
-        table.add_row(label, r["dtype"], gb.FORMULAS[r["epilogue"]],
-                      str(r["M"]), str(r["N"]), str(r["K"]), kernel, call,
-                      gb.fmt(r["tflops"], ".2f"), gb.fmt(r["pct_best_cublas"], ".1f"),
-                      gb.fmt(r["x_torch_compile"], ".2f"), gb.fmt(r["rel_err"], ".1e"),
-                      "PASS" if r["ok"] else "FAIL")
-    console.print(table)
+    console.print(_table(rows, launchers, gpu))
     failed = [r for r in rows if not r["ok"]]
     for r in rows:
         if r["timing"].startswith("eager: "):
@@ -119,19 +132,46 @@ def run(args: argparse.Namespace, console: Console) -> int:
         why = r["error"] or f"relative error {r['rel_err']:.2e} > tolerance {r['tol']:.0e}"
         console.print(f"FAIL {r['backend']} {r['dtype']} {gb.FORMULAS[r['epilogue']]} "
                       f"{r['M']}x{r['N']}x{r['K']}: {why}")
-    if args.out:
-        for path in write_results(args.out, collect_meta(), rows, gb.plot, **extra):
-            console.print(f"wrote {path}")
-        if "ceilings" in extra:
-            from bench.roofline import plot as plot_roofline
+    for path in recorder.finish(**extra):
+        console.print(f"wrote {path}")
+    if "ceilings" in extra and args.out:
+        from ..roofline import plot as plot_roofline
 
-            path = Path(args.out) / "roofline.png"
-            plot_roofline(rows, extra["ceilings"], gb.DTYPES, gb.EPILOGUES, path)
-            console.print(f"wrote {path}")
+        path = Path(args.out) / "roofline.png"
+        plot_roofline(rows, extra["ceilings"], gb.EPILOGUES, path)
+        console.print(f"wrote {path}")
     console.print(f"{len(rows) - len(failed)} of {len(rows)} rows passed the float64 check")
     return 1 if failed else 0
 
 
+def _table(rows: list[dict], launchers: tuple[str, ...], gpu: bool) -> Table:
+    """The sweep's table. On a CPU the baselines are torch's CPU BLAS, not cuBLAS, and the
+    times are wall times of a functional check: the labels say so."""
+    from .. import gemm_bench as gb
+
+    title = "gemmlab bench" + ("" if gpu else "  [CPU functional check: wall times]")
+    table = Table(title=title, caption="kernel ms: CUDA-graph replay, L2 flushed (eager where "
+                  "marked e); call ms: one eager call to an idle GPU; * launch-bound (call > "
+                  f"{1 + gb.LAUNCH_BOUND:.1f} x kernel); % of the best of cublas and cublaslt"
+                  if gpu else None)
+    best = "% best cuBLAS" if gpu else "% torch BLAS"
+    kernel, call = ("kernel ms", "call ms") if gpu else ("ms", "call ms")
+    for col in ("backend", "dtype", "D =", "M", "N", "K", kernel, call, "FLOP/s", best,
+                "x compile", "rel err", "check"):
+        numeric = col not in ("backend", "dtype", "D =", "check")
+        table.add_column(col, justify="right" if numeric else "left")
+    for r in rows:
+        label = r["backend"] + (f" ({r['launcher']})" if len(launchers) > 1 and r["launcher"]
+                                else "")
+        eager = " e" if gpu and r["timing"].startswith("eager") else ""
+        table.add_row(label, r["dtype"], gb.FORMULAS[r["epilogue"]],
+                      str(r["M"]), str(r["N"]), str(r["K"]),
+                      gb.fmt(r["kernel_ms"], ".4f") + eager,
+                      gb.fmt(r["call_ms"], ".4f") + ("*" if r["launch_bound"] else ""),
+                      flops(r["tflops"]), gb.fmt(r["pct_best_cublas"], ".1f"),
+                      gb.fmt(r["x_torch_compile"], ".2f"), gb.fmt(r["rel_err"], ".1e"),
+                      "PASS" if r["ok"] else "FAIL")
+    return table
 
 
 def _overhead(args, names: list[str], dtype_names: list[str], shapes, device: torch.device,
@@ -141,17 +181,21 @@ def _overhead(args, names: list[str], dtype_names: list[str], shapes, device: to
 
     from .. import gemm_bench as gb
     from .. import overhead_bench as ob
-    from ..recording import collect_meta, write_results
+    from ..recording import Recorder
 
     shapes = shapes or [ob.SHAPE]
-    rows = []
+    recorder = Recorder(args.out, ob.plot, row_printer(console, lambda r: (
+        f"{r['backend']} {r['dtype']}: {gb.fmt(r['gemm_us'], '.2f')} µs per gemm() call")))
     for shape in shapes:
         for name in names:
             impl = backends.BACKENDS[name]
             for dtype_name in dtype_names:
                 if gb.supports(impl, dtype_name, device):
-                    rows.append(ob.measure(name, dtype_name, device, shape, seed=args.seed))
-                    break  # one dtype per backend: the first of --dtypes it supports
+                    row = ob.measure(name, dtype_name, device, shape, seed=args.seed)
+                    row["targets_missed"] = ob.targets_missed(row) if row["ok"] else []
+                    recorder.add(row)
+                    break  # one dtype per backend: the first of --dtype it supports
+    rows = recorder.rows
     table = Table(title="gemm() host overhead, µs per call (median of timeit loops)",
                   caption=f"targets: gemm() adds <= {ob.TARGET_ADDED_US:g} µs; triton_fused "
                   f"<= {ob.TARGET_TRITON_US:g}, CUDA C <= {ob.TARGET_CUDA_US:g} µs per call; "
@@ -161,32 +205,26 @@ def _overhead(args, names: list[str], dtype_names: list[str], shapes, device: to
         table.add_column(col, justify="left" if col in ("backend", "dtype", "check", "targets")
                          else "right")
     for r in rows:
-        missed = ob.targets_missed(r) if r["ok"] else []
-        r["targets_missed"] = missed
         table.add_row(r["backend"], r["dtype"], str(r["M"]), str(r["N"]), str(r["K"]),
                       gb.fmt(r["wrapped_us"], ".2f"), gb.fmt(r["gemm_us"], ".2f"),
                       gb.fmt(r["added_us"], ".2f"), gb.fmt(r["untuned_us"], ".2f"),
                       gb.fmt(r["tuned_us"], ".2f"), "PASS" if r["ok"] else "FAIL",
-                      "; ".join(missed) or ("met" if r["ok"] else "-"))
+                      "; ".join(r["targets_missed"]) or ("met" if r["ok"] else "-"))
     console.print(table)
     failed = [r for r in rows if not r["ok"]]
     for r in failed:
         console.print(f"FAIL {r['backend']} {r['dtype']}: {r['error']}")
-    if args.out:
-        for path in write_results(args.out, collect_meta(), rows, ob.plot):
-            console.print(f"wrote {path}")
+    for path in recorder.finish():
+        console.print(f"wrote {path}")
     console.print(f"{len(rows) - len(failed)} of {len(rows)} backends passed the float64 check")
     return 1 if failed else 0
 
 
-
-
 def _resources_table(rows: list[dict], device: torch.device, console: Console) -> list[dict]:
     """Registers, shared and local memory, threads and theoretical occupancy of every CUDA C
-    kernel configuration the rows ran (the tuned one where the table had an entry), beside its
-    best TFLOP/s; printed, and returned for results.json."""
-    import backends
-    from backends import tuning
+    kernel configuration the rows ran (the tuned one where the table had an entry, as each
+    row's ``config`` names it), beside its best TFLOP/s; printed, and returned for
+    results.json. Rows that raised before their kernel ran (no ``config``) are left out."""
     from backends.cuda.resources import resources
     from backends.registry import CUDA_KERNELS
 
@@ -198,17 +236,14 @@ def _resources_table(rows: list[dict], device: torch.device, console: Console) -
         return []
     ran: dict[tuple, tuple] = {}  # (backend, dtype, tile sizes) -> (kernel, rows)
     for r in rows:
-        if r["backend"] not in CUDA_KERNELS:
+        if r["backend"] not in CUDA_KERNELS or not r["config"]:
             continue
-        dtype = gb.DTYPES[r["dtype"]][0]
-        choice = tuning.resolve(backends.BACKENDS[r["backend"]], device, dtype, False,
-                                r["M"], r["N"], r["K"])
-        kernel = choice.config or CUDA_KERNELS[r["backend"]]
+        kernel = CUDA_KERNELS[r["backend"]].described(r["config"])
         key = r["backend"], r["dtype"], tuple(sorted(kernel.params.items()))
         ran.setdefault(key, (kernel, []))[1].append(r)
     report = []
     for (name, dtype_name, _), (kernel, used) in ran.items():
-        dtype = gb.DTYPES[dtype_name][0]
+        dtype = DTYPES[dtype_name].torch
         best = max((r["tflops"] for r in used if r["tflops"] is not None), default=None)
         report.append({"backend": name, "dtype": dtype_name,
                        "config": " ".join(d[2:] for d in kernel.defines()),
@@ -229,21 +264,21 @@ def _resources_table(rows: list[dict], device: torch.device, console: Console) -
     return report
 
 
-
-
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register ``gemmlab bench``."""
-    bench = subparsers.add_parser("bench", help="check every backend against float64, then time it",
-                           description="Check every backend against a float64 reference on "
-                           "poisoned outputs, then time the ones that pass: kernel time (CUDA-"
-                           "graph replay) and call time (eager), medians, L2 flushed.")
-    bench.add_argument("--backends", help="comma list (default: every backend that runs here)")
-    bench.add_argument("--shapes", help="comma list of N (square) or MxNxK "
+    bench = subparsers.add_parser(
+        "bench", help="check every backend against float64, then time it",
+        description="Check every backend against a float64 reference on poisoned outputs, "
+        "then time the ones that pass: kernel time (CUDA-graph replay) and call time (eager), "
+        "medians, L2 flushed.")
+    bench.add_argument("--backend", help="comma list of GEMM backends (default: every backend "
+                       "that runs here; gemmlab info lists them)")
+    bench.add_argument("--shape", help="comma list of N (square) or MxNxK "
                        "(default on GPU: 1024,2048,4096,8192,8192x8192x1024,16384x4096x512,"
                        "4096x4096x256; on CPU: 127x129x65,256)")
-    bench.add_argument("--dtypes", help="comma list of fp32, tf32, fp16, bf16 "
+    bench.add_argument("--dtype", help="comma list of fp32, tf32, fp16, bf16 "
                        "(default on GPU: all four; on CPU: fp32,fp16,bf16)")
-    bench.add_argument("--epilogues", default="relu_c",
+    bench.add_argument("--epilogue", default="relu_c",
                        help="comma list of relu_c (ReLU(A@B+C), default), c (A@B+C), relu_bias, "
                        "bias (C a length-N bias), none (plain A@B)")
     bench.add_argument("--warmup-ms", type=float, default=25, help="warm-up per row (ms)")
@@ -254,13 +289,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                             "turns, and report each row's median (evens out clock drift in "
                             "ratios; default 1)")
     bench.add_argument("--timing", choices=("graph", "eager"), default="graph",
-                       help="what TFLOP/s and the ratios come from: graph (kernel time, CUDA-"
+                       help="what FLOP/s and the ratios come from: graph (kernel time, CUDA-"
                        "graph replay, default) or eager (do_bench of the eager call); the call "
                        "time is measured either way")
     bench.add_argument("--overhead", action="store_true",
                        help="instead of the sweep: host µs per call of gemm() against the call "
-                       "each backend wraps, on a tiny shape (default 128; --shapes, --backends "
-                       "and --dtypes select)")
+                       "each backend wraps, on a tiny shape (default 32; --shape, --backend "
+                       "and --dtype select)")
     bench.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     bench.add_argument("--launcher", default="cupy",
                        help="comma list of cupy, pycuda: what launches the CUDA C kernels "
@@ -269,6 +304,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                        help="print registers, shared/local memory and occupancy per CUDA kernel")
     bench.add_argument("--roofline", action="store_true",
                        help="measure the ceilings in this run and draw roofline.png in --out")
-    bench.add_argument("--out", help="directory for results.json, results.csv, results.png")
+    add_run_options(bench)
     bench.set_defaults(func=run)
     return bench

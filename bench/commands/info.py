@@ -11,16 +11,17 @@ from ..session import prepare_backends
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
+    """Print the registry in ladder order, with what runs here; exit status 0."""
     prepare_backends(console)
     import backends
-    from backends.reference import DTYPE_NAMES
+    from backends.dtypes import name_of
 
     table = Table(title="gemmlab backends, in ladder order")
     for col in ("backend", "technique", "dtypes", "devices", "fused +C/ReLU", "TF32", "runs here"):
         table.add_column(col)
     for backend, status in zip(backends.LADDER, backends.available()):
         table.add_row(backend.name, backend.summary,
-                      ",".join(DTYPE_NAMES[d] for d in backend.dtypes), ",".join(backend.devices),
+                      ",".join(name_of(d) for d in backend.dtypes), ",".join(backend.devices),
                       "yes" if backend.fused_epilogue else "no", "yes" if backend.tf32 else "no",
                       "yes" if status.runs else f"no: {status.reason}")
     console.print(table)

@@ -7,29 +7,63 @@ import argparse
 from rich.console import Console
 from rich.table import Table
 
-from ..session import launch_in_order, mpi_setup
+from backends.dtypes import TP
+
+from ..session import (
+    UsageError,
+    add_run_options,
+    check_comm,
+    check_gemm_backend,
+    default_comm,
+    mpi_setup,
+    row_printer,
+)
+
+
+def _check(args) -> None:
+    """The arguments' own checks (no rank count needed); raises UsageError."""
+    if min(args.tokens, args.hidden, args.chunks, args.iters) < 1 or args.ratio <= 0:
+        raise UsageError("--tokens, --hidden, --chunks and --iters must be >= 1, --ratio > 0")
+    if args.warmup_iters < 0 or args.sm_margin < 0:
+        raise UsageError("--warmup-iters and --sm-margin must be >= 0")
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
-    """Run under ``mpiexec -n P``: every rank is one TP rank of the layers."""
-    launch_in_order()  # before MPI_Init, which may already initialise CUDA
+    """Run under ``mpiexec -n P``: every rank is one TP rank of the layers. 0 when every row
+    passed its check against the dense layers, 1 when one failed, 2 for a mistake in the
+    arguments."""
+    def check(device_type: str, ranks: int) -> None:
+        _check(args)
+        inner = args.hidden * args.ratio
+        if inner != int(inner) or int(inner) % ranks:
+            raise UsageError(f"--ratio x --hidden = {inner:g} must be a whole multiple of the "
+                             f"TP size {ranks}")
+        check_gemm_backend(args.backend, args.dtype, device_type)
+        check_comm(args.comm or default_comm(device_type), args.dtype, device_type)
+
+    setup = mpi_setup(args, console, check)
+    if isinstance(setup, int):
+        return setup
+    world, device, say = setup
     from mpi4py import MPI
 
     import tp.comm
 
     from .. import tp_bench
-    from ..recording import collect_meta, write_results
+    from ..recording import Recorder
 
-    world, device, say = mpi_setup(args, console)
-    comm_name = args.comm or ("nccl" if device.type == "cuda" else "mpi")
-    comm = tp.comm.create(comm_name, world, device)
+    comm = tp.comm.create(args.comm or default_comm(device.type), world, device)
     self_comm = tp.comm.create("mpi", MPI.COMM_SELF, device)
+    margin = f", SM margin {args.sm_margin}" if device.type == "cuda" else ""
     say(f"gemmlab tp: TP={world.Get_size()}, {device.type}, {args.dtype}, backend {args.backend}, "
-        f"{comm.name}; M={args.tokens} tokens, hidden {args.hidden}, ratio {args.ratio}, "
-        f"{args.chunks} chunks, SM margin {args.sm_margin}")
-    rows = tp_bench.run(world, comm, self_comm, device, args.dtype, args.tokens, args.hidden,
-                        args.ratio, args.backend, args.chunks, args.iters, args.warmup,
-                        sm_margin=args.sm_margin)
+        f"{comm.name}; M={args.tokens} tokens, hidden {args.hidden}, ratio {args.ratio:g}, "
+        f"{args.chunks} chunks{margin}", highlight=False)
+    recorder = Recorder(args.out if world.Get_rank() == 0 else None, tp_bench.plot,
+                        row_printer(console, _describe) if world.Get_rank() == 0 else None)
+    tp_bench.run(world, comm, self_comm, device, args.dtype, args.tokens, args.hidden,
+                 args.ratio, args.backend, args.chunks, args.iters, args.warmup_iters,
+                 sm_margin=args.sm_margin, record=recorder.add)
+    rows = recorder.rows
     timed = Table(title="TP layers against the dense layers")
     for col in ("layer", "phase", "TP", "M", "N", "K", "dtype", "ms", "max rel err", "check"):
         timed.add_column(col, justify="left" if col in ("layer", "phase", "check") else "right")
@@ -52,34 +86,41 @@ def run(args: argparse.Namespace, console: Console) -> int:
             lapped.add_row(r["layer"], r["phase"], str(r["chunks"]), *times, *shares,
                            f"{r['max_rel_err']:.1e}", "PASS" if r["ok"] else "FAIL")
     say(lapped)
-    if world.Get_rank() == 0 and args.out:
-        for path in write_results(args.out, collect_meta(), rows, tp_bench.plot):
-            say(f"wrote {path}")
+    for path in recorder.finish():
+        say(f"wrote {path}")
     failed = [r for r in rows if not r.get("ok", True)]
     say(f"{len(rows)} rows, {len(failed)} failed the check against the dense layers")
     return 1 if failed else 0
 
 
+def _describe(r: dict) -> str:
+    what = f"{r['layer']} {r['phase']}"
+    if not r.get("ok", True):
+        return f"{what}: FAIL"
+    ms = r.get("ms", r.get("overlapped_ms"))
+    return f"{what}: {'-' if ms is None else f'{ms:.3f} ms'}"
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register ``gemmlab tp``."""
-    tpp = subparsers.add_parser("tp", help="check and time the TP layers, with the overlap report "
-                         "(start with mpiexec -n P gemmlab tp ...)")
+    tpp = subparsers.add_parser("tp", help="check and time the TP layers, with the overlap "
+                                "report (start with mpiexec -n P gemmlab tp ...)")
     tpp.add_argument("--tokens", type=int, default=1024, help="rows M of the activations")
     tpp.add_argument("--hidden", type=int, default=512, help="model width")
     tpp.add_argument("--ratio", type=float, default=4, help="MLP expansion: fc1 is hidden -> "
                      "ratio * hidden")
-    tpp.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default="fp32")
-    tpp.add_argument("--backend", default="cublas", help="backends.gemm backend")
-    tpp.add_argument("--comm", help="mpi, ring or nccl (default nccl on GPUs, mpi on CPUs)")
+    tpp.add_argument("--dtype", choices=TP, default="fp32")
+    tpp.add_argument("--backend", default="cublas", help="GEMM backend of the TP layers "
+                     "(gemmlab info lists them)")
+    tpp.add_argument("--comm", help="communicator: mpi, ring or nccl (default nccl on GPUs, mpi "
+                     "on CPUs)")
     tpp.add_argument("--chunks", type=int, default=4, help="row chunks of the row-parallel GEMM")
     tpp.add_argument("--sm-margin", type=int, default=0,
-                     help="SMs the overlapped cuBLAS GEMMs leave free for NCCL (cuBLASLt SM "
-                     "count target; 0: all SMs)")
-    tpp.add_argument("--iters", type=int, default=10)
-    tpp.add_argument("--warmup", type=int, default=3)
+                     help="GPU only: SMs the overlapped cuBLAS GEMMs leave free for NCCL "
+                     "(cuBLASLt SM count target; 0: all SMs)")
+    tpp.add_argument("--iters", type=int, default=10, help="timed iterations")
+    tpp.add_argument("--warmup-iters", type=int, default=3, help="warm-up iterations")
     tpp.add_argument("--device", choices=("cpu", "cuda"))
-    tpp.add_argument("--out", help="directory for results.json, results.csv, results.png")
+    add_run_options(tpp)
     tpp.set_defaults(func=run)
     return tpp

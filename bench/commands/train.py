@@ -4,99 +4,148 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
+import statistics
 from pathlib import Path
 
-import torch
 from rich.console import Console
 from rich.table import Table
 
-from ..session import launch_in_order, mpi_setup
+from backends.dtypes import DTYPES, TP
+
+from ..session import (
+    UsageError,
+    add_run_options,
+    check_comm,
+    check_gemm_backend,
+    default_comm,
+    mpi_setup,
+)
+
+
+def _layout(args, ranks: int) -> tuple[int, int]:
+    """(TP, DP) of the run; raises UsageError when they do not fill the ranks."""
+    if args.tp < 1 or (args.dp is not None and args.dp < 1):
+        raise UsageError("--tp and --dp must be >= 1")
+    if args.dp is None:
+        if ranks % args.tp:
+            raise UsageError(f"--tp {args.tp} does not divide the {ranks} ranks")
+        return args.tp, ranks // args.tp
+    if args.tp * args.dp != ranks:
+        raise UsageError(f"--tp {args.tp} x --dp {args.dp} must equal the {ranks} ranks")
+    return args.tp, args.dp
+
+
+def _reference(path: str) -> dict:
+    """The ``results.json`` of another train run; raises UsageError when it is not one."""
+    try:
+        reference = json.loads(Path(path).read_text())
+        reference["summary"]["configuration"], reference["loss"][0]  # noqa: B018
+    except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
+        raise UsageError(f"--reference {path} is not the results.json of a gemmlab train run "
+                         f"({type(exc).__name__}: {exc})") from None
+    return reference
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
-    """``gemmlab train`` (one process) or ``mpiexec -n P gemmlab train --tp T --dp D``."""
-    launch_in_order()  # before MPI_Init, which may already initialise CUDA
-    import json
-    import statistics
+    """``gemmlab train`` (one process) or ``mpiexec -n P gemmlab train --tp T --dp D``: 0
+    when it trained, 2 for a mistake in the arguments."""
+    def check(device_type: str, ranks: int) -> None:
+        from tp.transformer import GPTConfig  # after mpi_setup's Triton interpreter policy
+
+        tp_size, dp = _layout(args, ranks)
+        if min(args.steps, args.batch, args.seq, args.hidden, args.heads, args.layers) < 1:
+            raise UsageError("--steps, --batch, --seq, --hidden, --heads and --layers must "
+                             "be >= 1")
+        if args.hidden % args.heads or args.heads % tp_size:
+            raise UsageError(f"--heads {args.heads} must divide --hidden {args.hidden} and be "
+                             f"a multiple of --tp {tp_size}")
+        if GPTConfig.mlp_ratio * args.hidden % tp_size:
+            raise UsageError(f"the MLP width {GPTConfig.mlp_ratio * args.hidden} is not a "
+                             f"multiple of --tp {tp_size}")
+        if args.batch % dp:
+            raise UsageError(f"--batch {args.batch} is not a multiple of the DP size {dp}")
+        check_gemm_backend(args.backend, args.dtype, device_type)
+        check_comm(args.comm or default_comm(device_type), args.dtype, device_type)
+        if args.reference:
+            _reference(args.reference)
+
+    setup = mpi_setup(args, console, check)
+    if isinstance(setup, int):
+        return setup
+    world, device, say = setup
+    import torch
 
     import tp.comm
     from tp.grid import ProcessGrid
     from tp.train import train
     from tp.transformer import GPTConfig
 
-    from ..recording import collect_meta, write_results
+    from ..recording import Recorder
+    from ..train_plot import plot_loss
 
-    world, device, say = mpi_setup(args, console)
-    size = world.Get_size()
-    dp = args.dp or size // max(args.tp, 1)
-    if args.tp < 1 or args.tp * dp != size:
-        say(f"error: --tp {args.tp} x --dp {dp} must equal the {size} ranks")
-        return 2
-    grid = ProcessGrid.create(args.tp, world)
-    comm_name = args.comm or ("nccl" if device.type == "cuda" else "mpi")
+    tp_size, dp = _layout(args, world.Get_size())
+    config = GPTConfig(seq_len=args.seq, hidden=args.hidden, heads=args.heads, layers=args.layers)
+    grid = ProcessGrid.create(tp_size, world)
+    comm_name = args.comm or default_comm(device.type)
     tp_comm = tp.comm.create(comm_name, grid.tp_comm, device)
     dp_comm = tp.comm.create(comm_name, grid.dp_comm, device)
-    config = GPTConfig(seq_len=args.seq, hidden=args.hidden, heads=args.heads, layers=args.layers)
-    label = f"DP {dp} x TP {args.tp}"
+    label = f"DP {dp} x TP {tp_size}"
     say(f"gemmlab train: {label}, {device.type}, {args.dtype}, backend {args.backend}, "
-        f"{tp_comm.name}; {config}")
+        f"{tp_comm.name}; {config}", highlight=False)
+    reference = _reference(args.reference) if args.reference else None
+    plot = functools.partial(plot_loss, label=label, reference=None if reference is None else
+                             {"configuration": reference["summary"]["configuration"],
+                              "loss": reference["loss"]})
+    recorder = Recorder(args.out if world.Get_rank() == 0 else None, plot)
     every = max(1, args.steps // 10)
 
     def log(step, loss, ms):
+        recorder.add({"step": step, "loss": loss, "ms": ms})
         if step % every == 0 or step == args.steps - 1:
             say(f"step {step:5d}  loss {loss:.4f}  {ms:8.1f} ms")
 
     result = train(config, tp_comm, dp_comm, steps=args.steps, batch=args.batch, lr=args.lr,
-                   seed=args.seed, device=device, dtype={"fp32": torch.float32,
-                                                         "bf16": torch.bfloat16}[args.dtype],
+                   seed=args.seed, device=device, dtype=DTYPES[args.dtype].torch,
                    backend=args.backend, overlap=not args.no_overlap, log=log)
     timed = result.step_ms[1:] or result.step_ms  # the first step includes compilation
-    summary = {"configuration": label, "tp": args.tp, "dp": dp, "device": device.type,
+    summary = {"configuration": label, "tp": tp_size, "dp": dp, "device": device.type,
                "dtype": args.dtype, "backend": args.backend, "comm": tp_comm.name,
                "steps": args.steps, "ms_per_step": statistics.median(timed),
                "tokens_per_s": args.batch * args.seq / (statistics.median(timed) / 1e3),
-               "final_loss": result.loss[-1]}
+               "final_loss": result.loss[-1], "torch_threads": torch.get_num_threads()}
     runs = [summary]
-    reference = None
-    if args.reference:
-        reference = json.loads(Path(args.reference).read_text())
+    if reference is not None:
         runs.append(reference["summary"])
-        diff = max(abs(a - b) for a, b in zip(result.loss, reference["loss"]))
-        summary["max_loss_diff_vs_reference"] = diff
+        summary["max_loss_diff_vs_reference"] = max(
+            abs(a - b) for a, b in zip(result.loss, reference["loss"]))
     table = Table(title="run time per configuration")
-    for col in ("configuration", "device", "dtype", "backend", "comm", "steps", "ms/step",
-                "tokens/s", "final loss"):
+    for col in ("configuration", "device", "dtype", "backend", "comm", "threads", "steps",
+                "ms/step", "tokens/s", "final loss"):
         table.add_column(col, justify="left" if col in ("configuration", "device", "dtype",
                                                         "backend", "comm") else "right")
-    for run in runs:
-        table.add_row(run["configuration"], run["device"], run["dtype"], run["backend"],
-                      run["comm"], str(run["steps"]), f"{run['ms_per_step']:.1f}",
-                      f"{run['tokens_per_s']:.0f}", f"{run['final_loss']:.4f}")
+    for entry in runs:
+        table.add_row(entry["configuration"], entry["device"], entry["dtype"], entry["backend"],
+                      entry["comm"], str(entry.get("torch_threads", "-")), str(entry["steps"]),
+                      f"{entry['ms_per_step']:.1f}", f"{entry['tokens_per_s']:.0f}",
+                      f"{entry['final_loss']:.4f}")
     say(table)
     if reference is not None:
         say(f"largest |loss - reference loss| over {len(reference['loss'])} steps: "
             f"{summary['max_loss_diff_vs_reference']:.2e}")
-    if world.Get_rank() == 0 and args.out:
-        from ..train_plot import plot_loss
-
-        rows = [{"step": i, "loss": loss, "ms": ms}
-                for i, (loss, ms) in enumerate(zip(result.loss, result.step_ms))]
-        extra = {"loss": result.loss, "summary": summary}
-        if reference is not None:
-            extra["reference"] = {"configuration": reference["summary"]["configuration"],
-                                  "loss": reference["loss"]}
-        plot = functools.partial(plot_loss, label=label, reference=extra.get("reference"))
-        for path in write_results(args.out, collect_meta(), rows, plot, **extra):
-            say(f"wrote {path}")
+    extra = {"loss": result.loss, "summary": summary}
+    if reference is not None:
+        extra["reference"] = {"configuration": reference["summary"]["configuration"],
+                              "loss": reference["loss"]}
+    for path in recorder.finish(**extra):
+        say(f"wrote {path}")
     return 0
-
-
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register ``gemmlab train``."""
     tr = subparsers.add_parser("train", help="train a small GPT with DP x TP "
-                        "(mpiexec -n P gemmlab train --tp T --dp D)")
+                               "(mpiexec -n P gemmlab train --tp T --dp D)")
     tr.add_argument("--tp", type=int, default=1, help="TP size")
     tr.add_argument("--dp", type=int, help="DP size (default: ranks / TP)")
     tr.add_argument("--steps", type=int, default=50)
@@ -107,12 +156,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     tr.add_argument("--heads", type=int, default=4)
     tr.add_argument("--layers", type=int, default=2)
     tr.add_argument("--lr", type=float, default=3e-3)
-    tr.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
-    tr.add_argument("--backend", default="cublas", help="backends.gemm backend of the TP layers")
-    tr.add_argument("--comm", help="mpi, ring or nccl (default nccl on GPUs, mpi on CPUs)")
+    tr.add_argument("--dtype", choices=TP, default="fp32")
+    tr.add_argument("--backend", default="cublas", help="GEMM backend of the TP layers "
+                    "(gemmlab info lists them)")
+    tr.add_argument("--comm", help="communicator: mpi, ring or nccl (default nccl on GPUs, mpi "
+                    "on CPUs)")
     tr.add_argument("--no-overlap", action="store_true", help="no compute/communication overlap")
     tr.add_argument("--device", choices=("cpu", "cuda"))
     tr.add_argument("--reference", help="results.json of another run to compare the loss with")
-    tr.add_argument("--out", help="directory for results.json (with a loss list), .csv, .png")
+    add_run_options(tr, "directory for results.jsonl (steps as they finish), results.json "
+                    "(with a loss list), results.csv and results.png")
     tr.set_defaults(func=run)
     return tr

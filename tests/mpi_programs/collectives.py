@@ -1,6 +1,6 @@
 """Run under mpiexec: every operation of every given communicator against a numpy reference.
 
-    mpiexec -n P python tests/mpi_programs/collectives.py --backends mpi,ring --device cpu
+    mpiexec -n P python tests/mpi_programs/collectives.py --comm mpi,ring --device cpu
 
 Each rank's input is small integers in [-2, 2] derived from (rank, element, salt), so every
 sum is exact in every dtype and the reference is computed exactly in int64 with numpy.
@@ -13,10 +13,11 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
+from backends.dtypes import COMM, DTYPES
 from tp.comm import create
 from tp.mpi import abort_on_exception, bind_device
 
-DTYPES = [torch.float32, torch.float64, torch.int32, torch.int64, torch.float16, torch.bfloat16]
+COMM_DTYPES = [DTYPES[name].torch for name in COMM]  # every dtype gemmlab comm sweeps
 
 
 def rank_input(rank, shape, dtype, device, salt):
@@ -34,7 +35,7 @@ def expect(name, got, want):
 
 def check(comm, device, p, r):
     checks = 0
-    for dtype in DTYPES:
+    for dtype in COMM_DTYPES:
         reduce = comm.reduce_dtypes is None or dtype in comm.reduce_dtypes
         for salt, rows in enumerate([1, 7, 129]):
             tag = f"{comm.name} {dtype} rows={rows}"
@@ -98,13 +99,13 @@ def check(comm, device, p, r):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--backends", default="mpi,ring")
+    parser.add_argument("--comm", default="mpi,ring")
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
     abort_on_exception()
     world = MPI.COMM_WORLD
     device = bind_device() if args.device == "cuda" else torch.device("cpu")
-    for name in args.backends.split(","):
+    for name in args.comm.split(","):
         comm = create(name, world, device)
         checks = check(comm, device, world.Get_size(), world.Get_rank())
         comm.close()

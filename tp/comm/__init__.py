@@ -67,4 +67,29 @@ def create(name: str, comm=None, device: torch.device | str = "cpu", *,
     return communicator
 
 
-__all__ = ["BACKENDS", "Communicator", "Work", "create"]
+def reduce_dtypes(name: str, device_type: str = "cpu") -> tuple[torch.dtype, ...] | None:
+    """The dtypes communicator ``name`` can sum (all_reduce, reduce_scatter) on devices of
+    ``device_type``, without creating it: its ``reduce_dtypes``; None for every floating and
+    integer dtype (the ring algorithms add with torch).
+
+    Raises:
+        ValueError: unknown name (the message lists the known ones).
+    """
+    if name == "ring":
+        name = "ring/nccl" if device_type == "cuda" else "ring/mpi"
+    if name == "mpi":
+        from .mpi_backend import MpiCommunicator
+
+        return MpiCommunicator.reduce_dtypes
+    if name == "nccl":
+        from .nccl_backend import NcclCommunicator
+
+        return NcclCommunicator.reduce_dtypes
+    if name in ("ring/mpi", "ring/nccl"):
+        from .ring import RingCommunicator
+
+        return RingCommunicator.reduce_dtypes
+    raise ValueError(f"unknown communicator {name!r}; known: {', '.join(BACKENDS)}")
+
+
+__all__ = ["BACKENDS", "Communicator", "Work", "create", "reduce_dtypes"]

@@ -12,13 +12,15 @@ from __future__ import annotations
 import torch
 from mpi4py import MPI
 
+from backends.dtypes import DTYPES
+
 from ..mpi import cuda_aware
 from .base import Communicator
 from .transport import P2P_TAG, MpiTransport, _bytes
 
-# MPI has no standard datatype for fp16 or bf16, so native MPI cannot sum them.
-_MPI_TYPES = {torch.float32: MPI.FLOAT, torch.float64: MPI.DOUBLE,
-              torch.int32: MPI.INT32_T, torch.int64: MPI.INT64_T}
+# torch dtype -> the MPI datatype it is summed as (``backends.dtypes``' ``mpi``). MPI has no
+# standard datatype for fp16 or bf16, so native MPI cannot sum them.
+_MPI_TYPES = {d.torch: getattr(MPI, d.mpi) for d in DTYPES.values() if d.mpi is not None}
 
 
 def _typed(t: torch.Tensor):

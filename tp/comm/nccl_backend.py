@@ -12,12 +12,26 @@ from __future__ import annotations
 
 import torch
 
+from backends.dtypes import DTYPES
+
 from .base import Communicator
 
-# ncclDataType_t and ncclRedOp_t values from nccl.h.
-NCCL_DTYPES = {torch.int8: 0, torch.uint8: 1, torch.int32: 2, torch.int64: 4,
-               torch.float16: 6, torch.float32: 7, torch.float64: 8, torch.bfloat16: 9}
-NCCL_SUM = 0
+NCCL_SUM = 0  # ncclRedOp_t's ncclSum in nccl.h (the ncclDataType_t values: backends.dtypes)
+# torch dtype -> ncclDataType_t, every dtype that has one.
+_CODES = {d.torch: d.nccl for d in DTYPES.values() if d.nccl is not None}
+
+
+def nccl_code(dtype: torch.dtype) -> int:
+    """The ``ncclDataType_t`` of torch ``dtype`` (``backends.dtypes``).
+
+    Raises:
+        TypeError: NCCL has no type for it.
+    """
+    try:
+        return _CODES[dtype]
+    except KeyError:
+        raise TypeError(f"nccl has no data type for {dtype}; it takes "
+                        f"{', '.join(str(d) for d in _CODES)}") from None
 
 
 def nccl_unavailable_reason() -> str | None:
@@ -57,7 +71,7 @@ class NcclCommunicator(Communicator):
     name = "nccl"
     stream_ordered = True
     devices = ("cuda",)
-    reduce_dtypes = tuple(NCCL_DTYPES)
+    reduce_dtypes = tuple(_CODES)
 
     def __init__(self, comm, device: torch.device):
         super().__init__(comm.Get_rank(), comm.Get_size())
@@ -66,21 +80,21 @@ class NcclCommunicator(Communicator):
 
     def _all_reduce(self, src, dst):
         self.comm.allReduce(src.data_ptr(), dst.data_ptr(), src.numel(),
-                            NCCL_DTYPES[src.dtype], NCCL_SUM, _stream())
+                            nccl_code(src.dtype), NCCL_SUM, _stream())
 
     def _all_gather(self, src, dst):
         self.comm.allGather(src.data_ptr(), dst.data_ptr(), src.numel(),
-                            NCCL_DTYPES[src.dtype], _stream())
+                            nccl_code(src.dtype), _stream())
 
     def _reduce_scatter(self, src, dst):
         self.comm.reduceScatter(src.data_ptr(), dst.data_ptr(), dst.numel(),
-                                NCCL_DTYPES[src.dtype], NCCL_SUM, _stream())
+                                nccl_code(src.dtype), NCCL_SUM, _stream())
 
     def _all_to_all(self, src, dst):
         from cupy.cuda import nccl
 
         n = src.numel() // self.size
-        dtype, step = NCCL_DTYPES[src.dtype], n * src.element_size()
+        dtype, step = nccl_code(src.dtype), n * src.element_size()
         nccl.groupStart()
         for peer in range(self.size):
             self.comm.send(src.data_ptr() + peer * step, n, dtype, peer, _stream())
@@ -89,10 +103,10 @@ class NcclCommunicator(Communicator):
 
     def _broadcast(self, buf, root):
         self.comm.broadcast(buf.data_ptr(), buf.data_ptr(), buf.numel(),
-                            NCCL_DTYPES[buf.dtype], root, _stream())
+                            nccl_code(buf.dtype), root, _stream())
 
     def _send(self, buf, dst):
-        self.comm.send(buf.data_ptr(), buf.numel(), NCCL_DTYPES[buf.dtype], dst, _stream())
+        self.comm.send(buf.data_ptr(), buf.numel(), nccl_code(buf.dtype), dst, _stream())
 
     def _recv(self, buf, src):
-        self.comm.recv(buf.data_ptr(), buf.numel(), NCCL_DTYPES[buf.dtype], src, _stream())
+        self.comm.recv(buf.data_ptr(), buf.numel(), nccl_code(buf.dtype), src, _stream())

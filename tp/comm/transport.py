@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from backends.dtypes import DTYPES
+
 # Each transport owns a duplicated communicator; within it, the ring's own messages and the
 # user's send/recv (which may run concurrently on another thread) never match each other.
 RING_TAG, P2P_TAG = 7, 8
@@ -83,7 +85,7 @@ class NcclTransport:
                            torch.cuda.current_stream().cuda_stream)
 
 
-_NCCL_UINT8 = 1  # ncclUint8 in nccl.h: transports move bytes
+_NCCL_UINT8 = DTYPES["uint8"].nccl  # transports move bytes
 
 
 def _bytes(t: torch.Tensor):
