@@ -45,12 +45,14 @@ def _selection(args, gpu: bool):
     epilogues = tuple(csv_list(args.epilogue))
     names = csv_list(args.backend) or list(backends.BACKENDS)
     launchers = tuple(csv_list(args.launcher)) or ("cupy",)
-    for kind, given, known in (("backend", names, tuple(backends.BACKENDS)),
-                               ("dtype", dtype_names, GEMM),
-                               ("epilogue", epilogues, tuple(gb.EPILOGUES)),
-                               ("launcher", launchers, LAUNCHERS)):
-        if bad := [x for x in given if x not in known]:
-            raise UsageError(f"unknown {kind} {', '.join(bad)}; known: {', '.join(known)}")
+    wrong = [f"unknown {kind} {', '.join(bad)} (known: {', '.join(known)})"
+             for kind, given, known in (("backend", names, tuple(backends.BACKENDS)),
+                                        ("dtype", dtype_names, GEMM),
+                                        ("epilogue", epilogues, tuple(gb.EPILOGUES)),
+                                        ("launcher", launchers, LAUNCHERS))
+             if (bad := [x for x in given if x not in known])]
+    if wrong:
+        raise UsageError("; ".join(wrong))
     if args.rounds < 1:
         raise UsageError(f"--rounds must be >= 1, got {args.rounds}")
     return names, shapes, dtype_names, epilogues or ("relu_c",), launchers
