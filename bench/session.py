@@ -34,6 +34,27 @@ def add_run_options(parser: argparse.ArgumentParser, out_help: str = "directory 
                         "by the ranks on it)")
 
 
+def add_layer_options(parser: argparse.ArgumentParser, timed: str | None = None) -> None:
+    """The options of the commands that run the TP layers (tp, train, scale): ``--backend``
+    (GEMM), ``--comm``, ``--device``; with ``timed`` (what one timed iteration is) also
+    ``--chunks``, ``--sm-margin``, ``--iters`` and ``--warmup-iters``."""
+    parser.add_argument("--backend", default="cublas", help="GEMM backend of the TP layers "
+                        "(gemmlab info lists them)")
+    parser.add_argument("--comm", help="communicator: mpi, ring or nccl (default nccl on "
+                        "GPUs, mpi on CPUs)")
+    parser.add_argument("--device", choices=("cpu", "cuda"),
+                        help="default cuda when a GPU is visible")
+    if timed is None:
+        return
+    parser.add_argument("--chunks", type=int, default=4,
+                        help="row chunks of the row-parallel GEMMs")
+    parser.add_argument("--sm-margin", type=int, default=0,
+                        help="GPU only: SMs the overlapped cuBLAS GEMMs leave free for NCCL "
+                        "(cuBLASLt SM count target; 0: all SMs)")
+    parser.add_argument("--iters", type=int, default=10, help=f"timed {timed}")
+    parser.add_argument("--warmup-iters", type=int, default=3, help=f"warm-up {timed}")
+
+
 def check_run_options(args) -> None:
     """The checks of ``add_run_options``'s options, before any work.
 

@@ -127,7 +127,7 @@ def test_an_empty_selection_is_an_error_with_the_reasons(argv, reasons):
 @needs_mpi
 @pytest.mark.parametrize("argv,message", [
     (("tp", "--dtype", "bf16", "--comm", "mpi"), "the mpi communicator cannot sum bf16"),
-    (("tp", "--hidden", "3", "--ratio", "3"), "must be a whole multiple of the TP size 2"),
+    (("tp", "--hidden", "3", "--ffn-ratio", "3"), "must be a whole multiple of the TP size 2"),
     (("tp", "--backend", "cuda_naive"), "backend cuda_naive "),  # no GPU, or not on a CPU
     (("train", "--tp", "3"), "--tp 3 does not divide the 2 ranks"),
     (("train", "--tp", "1", "--dp", "3"), "--tp 1 x --dp 3 must equal the 2 ranks"),

@@ -34,20 +34,29 @@ def _regex(text: str) -> str:
     return text
 
 
-def run_ncu(args: argparse.Namespace, console: Console) -> int:
-    """Returns the profiled command's exit status, 2 when ncu is missing or the command is
-    empty, 1 when no kernel was profiled."""
+def _session(console: Console, session):
+    """``session()``'s result, or an exit status after one ``error:`` line: 2 when the tool
+    is missing or the command is bad, 1 when the session ran and failed."""
     try:
-        status, rows, commands = ncu.run(
-            _command(args), args.out, ranges=args.ranges, sections=_csv(args.sections),
-            launch_count=args.launch_count, kernel_name=args.kernel_name,
-            metrics=(*ncu.EXTRA_METRICS, *_csv(args.metrics or "")))
+        return session()
     except (ncu.ToolMissing, ValueError) as exc:
         console.print(f"error: {exc}")
         return 2
     except RuntimeError as exc:
         console.print(f"error: {exc}")
         return 1
+
+
+def run_ncu(args: argparse.Namespace, console: Console) -> int:
+    """Returns the profiled command's exit status, 2 when ncu is missing or the command is
+    empty, 1 when no kernel was profiled."""
+    result = _session(console, lambda: ncu.run(
+        _command(args), args.out, ranges=args.ranges, sections=_csv(args.sections),
+        launch_count=args.launch_count, kernel_name=args.kernel_name,
+        metrics=(*ncu.EXTRA_METRICS, *_csv(args.metrics or ""))))
+    if isinstance(result, int):
+        return result
+    status, rows, commands = result
     if not rows:
         console.print(f"error: no kernel in the report {args.out}/report.ncu-rep")
         return 1
@@ -78,15 +87,12 @@ def run_ncu(args: argparse.Namespace, console: Console) -> int:
 def run_nsys(args: argparse.Namespace, console: Console) -> int:
     """Returns the profiled command's exit status, 2 when nsys is missing or the command is
     bad, 1 when no report came out or its analysis failed."""
-    try:
-        status, reports = nsys.run(_command(args), args.out, name=args.name,
-                                   comm_regex=args.comm_regex, rank_env=args.rank_env)
-    except (ncu.ToolMissing, ValueError) as exc:
-        console.print(f"error: {exc}")
-        return 2
-    except RuntimeError as exc:
-        console.print(f"error: {exc}")
-        return 1
+    result = _session(console, lambda: nsys.run(_command(args), args.out, name=args.name,
+                                                comm_regex=args.comm_regex,
+                                                rank_env=args.rank_env))
+    if isinstance(result, int):
+        return result
+    status, reports = result
     from bench.recording import collect_meta, write_results
 
     for result in reports:

@@ -13,6 +13,7 @@ from backends.dtypes import TP
 from ..scale import CANNOT_RUN, MODES, RULES, WORKLOADS, measure, plot, problem
 from ..session import (
     UsageError,
+    add_layer_options,
     add_run_options,
     check_comm,
     check_gemm_backend,
@@ -132,19 +133,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                        help="attention heads of the layer (weak: at P = 1; x P at P)")
     scale.add_argument("--seq", type=int, default=256, help="sequence length of the layer")
     scale.add_argument("--dtype", choices=TP, help="default bf16 on GPUs, fp32 on CPUs")
-    scale.add_argument("--backend", default="cublas", help="GEMM backend of the TP layers "
-                       "(gemmlab info lists them)")
-    scale.add_argument("--comm", help="communicator: mpi, ring or nccl (default nccl on GPUs, "
-                       "mpi on CPUs)")
     scale.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True,
                        help="compute/communication overlap in the TP layers")
-    scale.add_argument("--chunks", type=int, default=4,
-                       help="row chunks of the row-parallel GEMMs")
-    scale.add_argument("--sm-margin", type=int, default=0,
-                       help="GPU only: SMs the overlapped cuBLAS GEMMs leave free for NCCL")
-    scale.add_argument("--iters", type=int, default=10, help="timed steps")
-    scale.add_argument("--warmup-iters", type=int, default=3, help="warm-up steps")
-    scale.add_argument("--device", choices=("cpu", "cuda"))
+    add_layer_options(scale, "steps")
     add_run_options(scale)
     scale.set_defaults(func=run)
     return scale

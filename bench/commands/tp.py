@@ -11,6 +11,7 @@ from backends.dtypes import TP
 
 from ..session import (
     UsageError,
+    add_layer_options,
     add_run_options,
     check_comm,
     check_gemm_backend,
@@ -22,8 +23,9 @@ from ..session import (
 
 def _check(args) -> None:
     """The arguments' own checks (no rank count needed); raises UsageError."""
-    if min(args.tokens, args.hidden, args.chunks, args.iters) < 1 or args.ratio <= 0:
-        raise UsageError("--tokens, --hidden, --chunks and --iters must be >= 1, --ratio > 0")
+    if min(args.tokens, args.hidden, args.chunks, args.iters) < 1 or args.ffn_ratio <= 0:
+        raise UsageError("--tokens, --hidden, --chunks and --iters must be >= 1, "
+                         "--ffn-ratio > 0")
     if args.warmup_iters < 0 or args.sm_margin < 0:
         raise UsageError("--warmup-iters and --sm-margin must be >= 0")
 
@@ -34,10 +36,10 @@ def run(args: argparse.Namespace, console: Console) -> int:
     arguments."""
     def check(device_type: str, ranks: int) -> None:
         _check(args)
-        inner = args.hidden * args.ratio
+        inner = args.hidden * args.ffn_ratio
         if inner != int(inner) or int(inner) % ranks:
-            raise UsageError(f"--ratio x --hidden = {inner:g} must be a whole multiple of the "
-                             f"TP size {ranks}")
+            raise UsageError(f"--ffn-ratio x --hidden = {inner:g} must be a whole multiple of "
+                             f"the TP size {ranks}")
         check_gemm_backend(args.backend, args.dtype, device_type)
         check_comm(args.comm or default_comm(device_type), args.dtype, device_type)
 
@@ -56,12 +58,12 @@ def run(args: argparse.Namespace, console: Console) -> int:
     self_comm = tp.comm.create("mpi", MPI.COMM_SELF, device)
     margin = f", SM margin {args.sm_margin}" if device.type == "cuda" else ""
     say(f"gemmlab tp: TP={world.Get_size()}, {device.type}, {args.dtype}, backend {args.backend}, "
-        f"{comm.name}; M={args.tokens} tokens, hidden {args.hidden}, ratio {args.ratio:g}, "
+        f"{comm.name}; M={args.tokens} tokens, hidden {args.hidden}, ratio {args.ffn_ratio:g}, "
         f"{args.chunks} chunks{margin}", highlight=False)
     recorder = Recorder(args.out if world.Get_rank() == 0 else None, tp_bench.plot,
                         row_printer(console, _describe) if world.Get_rank() == 0 else None)
     tp_bench.run(world, comm, self_comm, device, args.dtype, args.tokens, args.hidden,
-                 args.ratio, args.backend, args.chunks, args.iters, args.warmup_iters,
+                 args.ffn_ratio, args.backend, args.chunks, args.iters, args.warmup_iters,
                  sm_margin=args.sm_margin, record=recorder.add)
     rows = recorder.rows
     timed = Table(title="TP layers against the dense layers")
@@ -107,20 +109,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                                 "report (start with mpiexec -n P gemmlab tp ...)")
     tpp.add_argument("--tokens", type=int, default=1024, help="rows M of the activations")
     tpp.add_argument("--hidden", type=int, default=512, help="model width")
-    tpp.add_argument("--ratio", type=float, default=4, help="MLP expansion: fc1 is hidden -> "
-                     "ratio * hidden")
+    tpp.add_argument("--ffn-ratio", type=float, default=4, help="MLP expansion: fc1 is "
+                     "hidden -> ratio * hidden")
     tpp.add_argument("--dtype", choices=TP, default="fp32")
-    tpp.add_argument("--backend", default="cublas", help="GEMM backend of the TP layers "
-                     "(gemmlab info lists them)")
-    tpp.add_argument("--comm", help="communicator: mpi, ring or nccl (default nccl on GPUs, mpi "
-                     "on CPUs)")
-    tpp.add_argument("--chunks", type=int, default=4, help="row chunks of the row-parallel GEMM")
-    tpp.add_argument("--sm-margin", type=int, default=0,
-                     help="GPU only: SMs the overlapped cuBLAS GEMMs leave free for NCCL "
-                     "(cuBLASLt SM count target; 0: all SMs)")
-    tpp.add_argument("--iters", type=int, default=10, help="timed iterations")
-    tpp.add_argument("--warmup-iters", type=int, default=3, help="warm-up iterations")
-    tpp.add_argument("--device", choices=("cpu", "cuda"))
+    add_layer_options(tpp, "iterations")
     add_run_options(tpp)
     tpp.set_defaults(func=run)
     return tpp

@@ -15,6 +15,7 @@ from backends.dtypes import DTYPES, TP
 
 from ..session import (
     UsageError,
+    add_layer_options,
     add_run_options,
     check_comm,
     check_gemm_backend,
@@ -157,13 +158,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     tr.add_argument("--layers", type=int, default=2)
     tr.add_argument("--lr", type=float, default=3e-3)
     tr.add_argument("--dtype", choices=TP, default="fp32")
-    tr.add_argument("--backend", default="cublas", help="GEMM backend of the TP layers "
-                    "(gemmlab info lists them)")
-    tr.add_argument("--comm", help="communicator: mpi, ring or nccl (default nccl on GPUs, mpi "
-                    "on CPUs)")
     tr.add_argument("--no-overlap", action="store_true", help="no compute/communication overlap")
-    tr.add_argument("--device", choices=("cpu", "cuda"))
     tr.add_argument("--reference", help="results.json of another run to compare the loss with")
+    add_layer_options(tr)
     add_run_options(tr, "directory for results.jsonl (steps as they finish), results.json "
                     "(with a loss list), results.csv and results.png")
     tr.set_defaults(func=run)
