@@ -51,8 +51,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
         return 2
     except KeyboardInterrupt:
         paths = interrupt_all()
-        console.print("interrupted: " + (f"what finished is in {', '.join(map(str, paths))}"
-                                         if paths else "nothing had finished"), highlight=False)
+        console.print("interrupted" + (f": what finished is in {', '.join(map(str, paths))}"
+                                       if paths else ""), highlight=False, soft_wrap=True)
         return INTERRUPTED
 
 

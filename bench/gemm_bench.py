@@ -149,6 +149,19 @@ def unsupported(backend: backends.Backend, dtype_name: str, device: torch.device
     return None
 
 
+def nothing_runs(names: list[str], dtype_names: list[str], device: torch.device) -> str:
+    """The message for a selection of which nothing runs on ``device``: why, for each
+    requested backend (cannot run here) or (backend, dtype) pair (not supported)."""
+    reasons = []
+    for name in names:
+        backend = backends.BACKENDS[name]
+        if (why := backend.unavailable()) is not None:
+            reasons.append(f"{name}: {why}")
+            continue
+        reasons += [f"{name} {d}: {unsupported(backend, d, device)}" for d in dtype_names]
+    return "nothing to run here; " + "; ".join(reasons)
+
+
 def supports(backend: backends.Backend, dtype_name: str, device: torch.device) -> bool:
     """Whether ``backend`` takes this dtype (``tf32`` = fp32 with TF32 on) on ``device``."""
     return unsupported(backend, dtype_name, device) is None

@@ -124,6 +124,26 @@ def test_an_empty_selection_is_an_error_with_the_reasons(argv, reasons):
         assert reason in error
 
 
+@cpu_only
+def test_an_empty_tune_selection_is_an_error_with_the_reasons(tmp_path):
+    result = gemmlab("tune", "--backend", "triton_fused", "--dtype", "bf16", "--shape", "32",
+                     "--out", str(tmp_path / "table.json"))
+    assert result.returncode == 2, result.stdout
+    (error,) = _errors(result.stdout)
+    assert error.startswith("error: nothing to run here; triton_fused bf16: ")
+    assert not (tmp_path / "table.json").exists()
+
+
+@pytest.mark.parametrize("tool", ["ncu", "nsys"])
+def test_profile_checks_its_out_before_the_session(tmp_path, tool):
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "report.txt").write_text("x")
+    result = gemmlab("profile", tool, "--out", str(tmp_path / "old"), "--", "true")
+    assert result.returncode == 2
+    assert _errors(result.stdout) == [f"error: --out {tmp_path / 'old'} is not empty; pass "
+                                      f"--overwrite to replace its results"]
+
+
 @needs_mpi
 @pytest.mark.parametrize("argv,message", [
     (("tp", "--dtype", "bf16", "--comm", "mpi"), "the mpi communicator cannot sum bf16"),
@@ -241,10 +261,14 @@ def test_cpu_tables_name_no_gpu_and_no_cublas():
 
 
 def test_nothing_is_printed_at_import_or_by_help():
-    code = "import bench.cli, backends, tp, profiling.nvtx"
+    # torch.utils.benchmark and cpp_extension warn about CUDA_HOME on a CPU machine with a
+    # CUDA build of torch: building the parser must not import them.
+    code = ("import sys, bench.cli, backends, tp, profiling.nvtx; bench.cli.build_parser(); "
+            "print(sorted(m for m in ('torch.utils.benchmark', 'torch.utils.cpp_extension') "
+            "if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             cwd=REPO, timeout=300)
-    assert result.returncode == 0 and result.stdout == "" and result.stderr == ""
+    assert result.returncode == 0 and result.stdout == "[]\n" and result.stderr == ""
     for argv in (["--help"], ["bench", "--help"], ["comm", "--help"]):
         result = gemmlab(*argv)
         assert result.returncode == 0 and result.stderr == "", result.stderr

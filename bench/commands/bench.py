@@ -58,22 +58,6 @@ def _selection(args, gpu: bool):
     return names, shapes, dtype_names, epilogues or ("relu_c",), launchers
 
 
-def _nothing_runs(names: list[str], dtype_names: list[str], device: torch.device) -> str:
-    """Why no requested (backend, dtype) runs on ``device``: one reason per pair."""
-    import backends
-
-    from .. import gemm_bench as gb
-
-    reasons = []
-    for name in names:
-        impl = backends.BACKENDS[name]
-        if (why := impl.unavailable()) is not None:
-            reasons.append(f"{name}: {why}")
-            continue
-        reasons += [f"{name} {d}: {gb.unsupported(impl, d, device)}" for d in dtype_names]
-    return "nothing to run here; " + "; ".join(reasons)
-
-
 def run(args: argparse.Namespace, console: Console) -> int:
     """0 when every row passed its float64 check, 1 when one failed; a mistake in the
     arguments (checked before any work) raises UsageError."""
@@ -95,7 +79,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
     names = gb.runnable(requested, console.print)
     total = gb.count_rows(names, shapes, dtype_names, device, epilogues, launchers)
     if total == 0:
-        raise UsageError(_nothing_runs(requested, dtype_names, device))
+        raise UsageError(gb.nothing_runs(requested, dtype_names, device))
     if args.overhead:
         return _overhead(args, names, dtype_names, shapes if args.shape else None, device,
                          console)

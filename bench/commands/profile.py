@@ -12,6 +12,9 @@ from rich.table import Table
 
 from profiling import ncu, nsys
 
+from ..recording import out_problem
+from ..session import UsageError
+
 
 def _command(args: argparse.Namespace) -> list[str]:
     """The profiled command: what followed ``--`` (argparse may keep the ``--`` itself)."""
@@ -47,9 +50,20 @@ def _session(console: Console, session):
         return 1
 
 
+def _check_out(args) -> None:
+    """``--out`` before the session starts (a report is never written into old results).
+
+    Raises:
+        UsageError: ``bench.recording.out_problem``'s reason.
+    """
+    if (why := out_problem(args.out, args.overwrite)) is not None:
+        raise UsageError(why)
+
+
 def run_ncu(args: argparse.Namespace, console: Console) -> int:
     """Returns the profiled command's exit status, 2 when ncu is missing or the command is
     empty, 1 when no kernel was profiled."""
+    _check_out(args)
     result = _session(console, lambda: ncu.run(
         _command(args), args.out, ranges=args.ranges, sections=_csv(args.sections),
         launch_count=args.launch_count, kernel_name=args.kernel_name,
@@ -87,6 +101,7 @@ def run_ncu(args: argparse.Namespace, console: Console) -> int:
 def run_nsys(args: argparse.Namespace, console: Console) -> int:
     """Returns the profiled command's exit status, 2 when nsys is missing or the command is
     bad, 1 when no report came out or its analysis failed."""
+    _check_out(args)
     result = _session(console, lambda: nsys.run(_command(args), args.out, name=args.name,
                                                 comm_regex=args.comm_regex,
                                                 rank_env=args.rank_env))
@@ -158,6 +173,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     nc.add_argument("--out", default="profiles/ncu",
                     help="directory for report.ncu-rep, raw.csv, results.json/.csv/.png "
                     "(default: profiles/ncu)")
+    nc.add_argument("--overwrite", action="store_true",
+                    help="write into a non-empty --out (its files are replaced)")
     nc.add_argument("command", nargs=argparse.REMAINDER,
                     help="-- then the command to profile, e.g. gemmlab bench ...")
     nc.set_defaults(func=run_ncu)
@@ -170,6 +187,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     ns.add_argument("--out", default="profiles/nsys",
                     help="directory for the reports, their SQLite exports and summaries, "
                     "results.json/.csv/.png (default: profiles/nsys)")
+    ns.add_argument("--overwrite", action="store_true",
+                    help="write into a non-empty --out (its files are replaced)")
     ns.add_argument("--name", default="report",
                     help="report name; under mpiexec each rank's is NAME.rankR (default: report)")
     ns.add_argument("--comm-regex", type=_regex, default=nsys.COMM_REGEX,

@@ -64,7 +64,11 @@ def run(args: argparse.Namespace, console: Console) -> int:
     path = Path(args.out) if args.out else tuning.table_path()
     if (why := _table_problem(path)) is not None:
         raise UsageError(why)
-    names = gb.runnable(names, console.print)
+    runnable = gb.runnable(names, console.print)
+    if not any(gb.supports(backends.BACKENDS[n], d, device) for n in runnable
+               for d in dtype_names):
+        raise UsageError(gb.nothing_runs(names, dtype_names, device))
+    names = runnable
     if args.budget is not None:
         console.print(f"budget: {args.budget:g} s")
     try:
