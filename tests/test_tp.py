@@ -15,7 +15,9 @@ def test_layers_match_the_dense_layers(ranks, comm):
     result = mpirun(ranks, str(PROGRAMS / "layers.py"), "--comm", comm)
     assert result.returncode == 0, result.stdout + result.stderr
     for line in ("column-parallel activation=None", "column-parallel activation=relu",
-                 "row-parallel", "divisibility errors"):
+                 "row-parallel", "sequence-parallel column activation=None",
+                 "sequence-parallel column activation=relu", "sequence-parallel row",
+                 "divisibility errors"):
         assert f"OK {line} on {ranks} ranks" in result.stdout
 
 

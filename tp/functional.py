@@ -6,7 +6,13 @@ operator               forward                      backward
 =====================  ===========================  ===================================
 ``gather_from_tp``     all-gather, last dimension   keep this rank's slice
 ``scatter_to_tp``      keep this rank's slice       all-gather, last dimension
+``replicated``         identity                     all-reduce (sum over the TP group)
 =====================  ===========================  ===================================
+
+``replicated`` wraps a parameter that every TP rank holds whole but applies to its own block
+of the tokens (sequence parallelism: a row-parallel layer's bias, LayerNorm), so each rank's
+gradient is partial; summing it keeps the copies equal and equal to the dense gradient
+(Megatron-LM sums them likewise, Korthikanti et al. 2022, arXiv:2205.05198).
 
 Megatron's f (identity forward, all-reduce backward) and g (all-reduce forward, identity
 backward) live inside the column- and row-parallel layers' own autograd functions
@@ -87,3 +93,21 @@ def gather_from_tp(x: torch.Tensor, comm) -> torch.Tensor:
 def scatter_to_tp(x: torch.Tensor, comm) -> torch.Tensor:
     """This rank's slice of the last dimension forward; all-gather backward."""
     return _ScatterToTP.apply(x, comm)
+
+
+class _Replicated(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, param, comm):
+        ctx.comm = comm
+        return param.view_as(param)
+
+    @staticmethod
+    def backward(ctx, grad):
+        if ctx.comm.size > 1:
+            grad = ctx.comm.all_reduce(grad.clone(memory_format=torch.contiguous_format))
+        return grad, None
+
+
+def replicated(param: torch.Tensor, comm) -> torch.Tensor:
+    """``param`` itself forward; its gradient summed over the TP group backward."""
+    return _Replicated.apply(param, comm)

@@ -31,7 +31,7 @@ from backends import gemm
 from profiling.nvtx import annotate
 
 from .comm.ring import chunk_bounds
-from .functional import comm_stream, gather_from_tp, scatter_to_tp
+from .functional import comm_stream, gather_from_tp, replicated, scatter_to_tp
 
 
 @contextlib.contextmanager
@@ -71,8 +71,9 @@ class _TPLinear(nn.Module):
     """What both layers share: the shard, its checks, and the communication switches."""
 
     def __init__(self, in_features, out_features, comm, split: str, bias, backend, overlap,
-                 sm_margin, master, device, dtype, name):
+                 sm_margin, master, device, dtype, name, sequence_parallel):
         super().__init__()
+        self.sequence_parallel = sequence_parallel
         self.name = name or type(self).__name__
         p = comm.size
         if sm_margin < 0:
@@ -108,6 +109,13 @@ class _TPLinear(nn.Module):
             return full[self._part] if bias else full[:, self._part]
         return full if bias else full[self._part]
 
+    def _check_tokens(self, rows: int, what: str) -> None:
+        """Sequence parallelism splits the tokens (the rows of the flattened input or
+        output) into P equal blocks: refuse a count the TP size does not divide."""
+        if self.sequence_parallel and rows % self.comm.size:
+            raise ValueError(f"{self.name}: sequence parallelism needs {what} divisible by the "
+                             f"TP size {self.comm.size}; got {rows}")
+
     def _check_input(self, x: torch.Tensor, width: int, what: str) -> None:
         """Refuse an input whose last dimension is not ``width``, before any GEMM or
         communication (a wrong width would otherwise fail inside a reshape, or after an
@@ -137,30 +145,44 @@ class ColumnParallelLinear(_TPLinear):
         name: prefix of the layer's NVTX ranges (``<name> forward`` > ``compute Y``; ``<name>
             backward`` > ``compute dX``, the communicator's ``all_reduce``, ``compute dW``);
             default the class name.
+        sequence_parallel: Megatron-LM's sequence parallelism (Korthikanti et al. 2022,
+            arXiv:2205.05198, sec. 4.2.2): the input is this rank's block of the tokens,
+            (T / P, in_features) after flattening, all-gathered before the GEMM; in backward
+            the partial dX is reduce-scattered back to the rank's block (instead of
+            all-reduced), overlapping the dW GEMM when ``overlap``.
 
-    Input (..., in_features), replicated on every TP rank.
+    Input (..., in_features), replicated on every TP rank; with ``sequence_parallel`` this
+    rank's block of the tokens.
 
     Raises:
         ValueError: ``out_features`` not a multiple of the TP size; an unknown activation;
             ``overlap`` without asynchronous communication; a master of other sizes; a
-            negative ``sm_margin``; in forward, an input whose last dimension is not
-            ``in_features`` (before any GEMM).
+            negative ``sm_margin``; ``gather_output`` with ``sequence_parallel``; in forward,
+            an input whose last dimension is not ``in_features`` (before any GEMM).
     """
 
     def __init__(self, in_features: int, out_features: int, comm, *, bias: bool = True,
                  activation: str | None = None, gather_output: bool = False,
                  backend: str = "cublas", overlap: bool = True, sm_margin: int = 0,
                  master: nn.Linear | None = None, device=None, dtype=None,
-                 name: str | None = None):
+                 name: str | None = None, sequence_parallel: bool = False):
         if activation not in (None, "relu"):
             raise ValueError(f"activation must be None or 'relu'; got {activation!r}")
+        if gather_output and sequence_parallel:
+            raise ValueError("gather_output and sequence_parallel exclude each other: the "
+                             "output of a sequence-parallel column layer has every token")
         super().__init__(in_features, out_features, comm, "columns", bias, backend, overlap,
-                         sm_margin, master, device, dtype, name)
+                         sm_margin, master, device, dtype, name, sequence_parallel)
         self.activation, self.gather_output = activation, gather_output
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(..., in_features) -> (..., out_features / P) (or (..., out_features) with
+        ``gather_output``); with ``sequence_parallel``, (T / P, in_features) -> (T,
+        out_features / P) (the tokens flattened)."""
         self._check_input(x, self.in_features, "in_features")
         y = _ColumnParallel.apply(x.reshape(-1, self.in_features), self.weight, self.bias, self)
+        if self.sequence_parallel:
+            return y
         y = y.view(*x.shape[:-1], y.shape[-1])
         return gather_from_tp(y, self.comm) if self.gather_output else y
 
@@ -182,6 +204,10 @@ class RowParallelLinear(_TPLinear):
             (cuBLAS only; see ``reserve_sms``); applied with overlap on and off alike.
         master, device, dtype, name: as for ``ColumnParallelLinear`` (forward ranges:
             ``compute chunk i`` and the communicator's ``all_reduce`` per chunk).
+        sequence_parallel: Megatron-LM's sequence parallelism (see ``ColumnParallelLinear``):
+            the partial products are reduce-scattered over the tokens (each rank gets its
+            (T / P, out_features) block, the bias added to it) instead of all-reduced, once
+            after the chunk GEMMs; in backward the gradient is all-gathered first.
 
     Raises:
         ValueError: ``in_features`` not a multiple of the TP size; ``chunks`` < 1; ``overlap``
@@ -194,31 +220,43 @@ class RowParallelLinear(_TPLinear):
     def __init__(self, in_features: int, out_features: int, comm, *, bias: bool = True,
                  input_is_parallel: bool = True, backend: str = "cublas", overlap: bool = True,
                  chunks: int = 4, sm_margin: int = 0, master: nn.Linear | None = None,
-                 device=None, dtype=None, name: str | None = None):
+                 device=None, dtype=None, name: str | None = None,
+                 sequence_parallel: bool = False):
         if chunks < 1:
             raise ValueError(f"chunks must be >= 1; got {chunks}")
         super().__init__(in_features, out_features, comm, "rows", bias, backend, overlap,
-                         sm_margin, master, device, dtype, name)
+                         sm_margin, master, device, dtype, name, sequence_parallel)
         self.input_is_parallel, self.chunks = input_is_parallel, chunks
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(..., in_features / P) (or (..., in_features) without ``input_is_parallel``) ->
+        (..., out_features); with ``sequence_parallel``, -> (T / P, out_features), this rank's
+        block of the T flattened tokens."""
         if self.input_is_parallel:
             self._check_input(x, self.weight.shape[0], "this rank's in_features / TP block")
         else:
             self._check_input(x, self.in_features, "in_features")
             x = scatter_to_tp(x, self.comm)
         y = _RowParallel.apply(x.reshape(-1, self.weight.shape[0]), self.weight, self)
-        y = y.view(*x.shape[:-1], self.out_features)
-        return y if self.bias is None else y + self.bias
+        if not self.sequence_parallel:
+            y = y.view(*x.shape[:-1], self.out_features)
+            return y if self.bias is None else y + self.bias
+        # the replicated bias meets only this rank's tokens: its gradient is summed over ranks
+        return y if self.bias is None else y + replicated(self.bias, self.comm)
 
 
 class _ColumnParallel(torch.autograd.Function):
-    """f fused with the column GEMM: Y_r = act(X W_r + b_r); dX all-reduced in backward."""
+    """f fused with the column GEMM: Y_r = act(X W_r + b_r); dX all-reduced in backward (with
+    sequence parallelism: X all-gathered forward, dX reduce-scattered backward)."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, layer):
-        with annotate(f"{layer.name} forward"), annotate("compute Y"):
-            y = gemm(x, weight, bias, activation=layer.activation, backend=layer.backend)
+        with annotate(f"{layer.name} forward"):
+            if layer.sequence_parallel and layer.comm.size > 1:
+                layer._check_tokens(x.shape[0] * layer.comm.size, "the tokens")
+                x = layer.comm.all_gather(x.contiguous())  # (T / P, in) -> (T, in)
+            with annotate("compute Y"):
+                y = gemm(x, weight, bias, activation=layer.activation, backend=layer.backend)
         ctx.layer = layer
         ctx.has_bias = bias is not None
         ctx.save_for_backward(x, weight, y if layer.activation == "relu" else None)
@@ -235,7 +273,13 @@ class _ColumnParallel(torch.autograd.Function):
                 grad_y = grad_y.contiguous()
                 grad_x = gemm(grad_y, weight.t(), backend=layer.backend)
             work = None
-            if layer.comm.size > 1:
+            if layer.comm.size > 1 and layer.sequence_parallel:  # partial dX -> own tokens
+                if layer.overlap:
+                    stream = comm_stream(grad_x.device) if grad_x.is_cuda else None
+                    work = layer.comm.reduce_scatter(grad_x, stream=stream, async_op=True)
+                else:
+                    grad_x = layer.comm.reduce_scatter(grad_x)
+            elif layer.comm.size > 1:
                 if layer.overlap:
                     work = _async_all_reduce(grad_x, layer.comm)
                 else:
@@ -249,12 +293,15 @@ class _ColumnParallel(torch.autograd.Function):
 
 
 class _RowParallel(torch.autograd.Function):
-    """The row GEMM fused with g: Y = sum_r X_r W_r, chunk by chunk; identity backward."""
+    """The row GEMM fused with g: Y = sum_r X_r W_r, chunk by chunk; identity backward (with
+    sequence parallelism: reduce-scatter forward, all-gather backward)."""
 
     @staticmethod
     def forward(ctx, x, weight, layer):
+        layer._check_tokens(x.shape[0], "the tokens")
         out = torch.empty(x.shape[0], weight.shape[1], dtype=x.dtype, device=x.device)
         bounds = chunk_bounds(x.shape[0], layer.chunks)
+        reduce_chunks = layer.comm.size > 1 and not layer.sequence_parallel
         pending = []
         with annotate(f"{layer.name} forward"):
             for i in range(layer.chunks):
@@ -263,7 +310,7 @@ class _RowParallel(torch.autograd.Function):
                     continue
                 with annotate("compute chunk", payload=i), reserve_sms(layer.sm_margin, x.device):
                     gemm(x[rows], weight, backend=layer.backend, out=out[rows])
-                if layer.comm.size == 1:
+                if not reduce_chunks:
                     continue
                 if layer.overlap:  # runs while the next chunk's GEMM computes
                     pending.append(_async_all_reduce(out[rows], layer.comm))
@@ -271,6 +318,8 @@ class _RowParallel(torch.autograd.Function):
                     layer.comm.all_reduce(out[rows])
             for work in pending:
                 work.wait()
+            if layer.sequence_parallel and layer.comm.size > 1:  # (T, out) -> own (T / P, out)
+                out = layer.comm.reduce_scatter(out)
         ctx.layer = layer
         ctx.save_for_backward(x, weight)
         return out
@@ -278,8 +327,11 @@ class _RowParallel(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_y):
         x, weight = ctx.saved_tensors
-        with annotate(f"{ctx.layer.name} backward"):
+        layer = ctx.layer
+        with annotate(f"{layer.name} backward"):
             grad_y = grad_y.contiguous()
+            if layer.sequence_parallel and layer.comm.size > 1:  # own tokens -> all of them
+                grad_y = layer.comm.all_gather(grad_y)
             with annotate("compute dX"):
                 grad_x = gemm(grad_y, weight.t(), backend=ctx.layer.backend)
             with annotate("compute dW"):
