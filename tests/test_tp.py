@@ -25,6 +25,7 @@ def test_transformer_layer_tp2_matches_tp1():
     result = mpirun(2, str(PROGRAMS / "transformer.py"))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "OK transformer layer TP=2 matches TP=1" in result.stdout
+    assert "OK sequence-parallel transformer layer TP=2 matches TP=1" in result.stdout
 
 
 def test_gemmlab_tp_on_cpu(tmp_path):

@@ -8,6 +8,11 @@ Per layer, pre-LayerNorm: x + attention(LN(x)), then x + MLP(LN(x)).
   (``input_is_parallel``), whose all-reduce brings the heads back together.
 - MLP: ``fc1`` column-parallel with the fused bias + ReLU epilogue, ``fc2`` row-parallel.
 - LayerNorms, embeddings and the LM head are replicated on every TP rank.
+- With ``sequence_parallel`` (Korthikanti et al. 2022, arXiv:2205.05198, sec. 4.2.2) the
+  tokens between the TP regions are split over the TP ranks: each holds a block of the
+  flattened (B * T) tokens, runs the LayerNorms and residual adds on it alone, and the
+  column layers all-gather it while the row layers reduce-scatter back to it (in place of
+  the all-reduce). The LayerNorms' gradients are summed over the ranks (``replicated``).
 
 Every weight is cut from one dense master built from ``seed`` in the same order on every
 rank, so models with any TP degree start from the same function and, trained on the same
@@ -24,6 +29,7 @@ from torch import nn
 
 from profiling.nvtx import annotate
 
+from .functional import replicated
 from .layers import ColumnParallelLinear, RowParallelLinear
 
 
@@ -40,7 +46,9 @@ class GPTConfig:
 
 
 class TransformerLayer(nn.Module):
-    """One pre-LN decoder layer, tensor-parallel over ``comm``; input and output (B, T, hidden).
+    """One pre-LN decoder layer, tensor-parallel over ``comm``; input and output (B, T, hidden),
+    or with ``sequence_parallel`` this rank's block of the B * T flattened tokens, (B * T / P,
+    hidden) (``forward(x, seq_len=T)``).
 
     Attention has ``heads`` heads of ``head_dim`` (default hidden / heads), so its width
     heads * head_dim may differ from ``hidden`` (weak scaling widens it). ``chunks`` and
@@ -56,13 +64,14 @@ class TransformerLayer(nn.Module):
     def __init__(self, hidden: int, heads: int, comm, *, mlp_ratio: int = 4,
                  head_dim: int | None = None, chunks: int = 4, sm_margin: int = 0,
                  backend: str = "cublas", overlap: bool = True, device=None, dtype=None,
-                 name: str = "layer"):
+                 name: str = "layer", sequence_parallel: bool = False):
         super().__init__()
         if heads % comm.size or (head_dim is None and hidden % heads):
             raise ValueError(f"heads={heads} must be a multiple of the TP size {comm.size} and "
                              f"divide hidden={hidden}")
         common = {"backend": backend, "overlap": overlap, "sm_margin": sm_margin,
-                  "device": device, "dtype": dtype}
+                  "device": device, "dtype": dtype, "sequence_parallel": sequence_parallel}
+        self.comm, self.sequence_parallel = comm, sequence_parallel
         self.local_heads, self.head_dim = heads // comm.size, head_dim or hidden // heads
         width = heads * self.head_dim
         self.ln1 = nn.LayerNorm(hidden, device=device, dtype=dtype)
@@ -81,16 +90,41 @@ class TransformerLayer(nn.Module):
                                      chunks=chunks, name=f"{name}.fc2", **common)
         self.name = name
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, _ = x.shape
+    def forward(self, x: torch.Tensor, seq_len: int | None = None) -> torch.Tensor:
+        """(B, T, hidden) -> (B, T, hidden); with ``sequence_parallel``, this rank's (B * T /
+        P, hidden) token block -> the same block of the output, ``seq_len`` = T.
+
+        Raises:
+            ValueError: with ``sequence_parallel``, no ``seq_len`` or one that does not
+                divide the B * T tokens of the P blocks.
+        """
+        if self.sequence_parallel:
+            tokens = x.shape[0] * self.comm.size
+            if seq_len is None or tokens % seq_len:
+                raise ValueError(f"{self.name}: sequence parallelism needs seq_len dividing "
+                                 f"the {tokens} tokens; got {seq_len}")
+            b, t = tokens // seq_len, seq_len
+        else:
+            b, t, _ = x.shape
         with annotate(f"{self.name} forward"):
-            h = self.ln1(x)
+            h = self._norm(self.ln1, x)
             q, k, v = (fc(h).view(b, t, self.local_heads, self.head_dim).transpose(1, 2)
                        for fc in (self.fc_q, self.fc_k, self.fc_v))
             with annotate(f"{self.name}.attention"):
                 attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            x = x + self.fc_o(attn.transpose(1, 2).reshape(b, t, self.local_heads * self.head_dim))
-            return x + self.fc2(self.fc1(self.ln2(x)))
+            attn = attn.transpose(1, 2).reshape(b, t, self.local_heads * self.head_dim)
+            if self.sequence_parallel:
+                attn = attn.reshape(b * t, -1)
+            x = x + self.fc_o(attn)
+            return x + self.fc2(self.fc1(self._norm(self.ln2, x)))
+
+    def _norm(self, ln: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
+        """``ln(x)``; on a token block (sequence parallelism) with its gradients summed over
+        the TP group."""
+        if not self.sequence_parallel:
+            return ln(x)
+        return F.layer_norm(x, ln.normalized_shape, replicated(ln.weight, self.comm),
+                            replicated(ln.bias, self.comm), ln.eps)
 
 
 class GPT(nn.Module):

@@ -14,9 +14,9 @@ rank, p = world.Get_rank(), world.Get_size()
 tp2, tp1 = create("mpi", world), create("mpi", MPI.COMM_SELF)
 
 
-def build(comm, overlap=True):
+def build(comm, overlap=True, sequence_parallel=False):
     torch.manual_seed(3)  # the same masters whatever the TP degree
-    return TransformerLayer(32, 4, comm, overlap=overlap)
+    return TransformerLayer(32, 4, comm, overlap=overlap, sequence_parallel=sequence_parallel)
 
 
 def run(layer, x, g):
@@ -50,6 +50,33 @@ m = 128 // p
 close(layer.fc2.weight.grad, ref.fc2.weight.grad[rank * m:(rank + 1) * m], "fc2 gradient")
 assert torch.equal(results[True][0], results[False][0]) and \
     torch.equal(results[True][1], results[False][1]), "overlap changed the result"
+# Sequence parallelism: rank r holds tokens [r * 14 / P, (r + 1) * 14 / P) of the 2 x 7.
+rows = slice(rank * 14 // p, (rank + 1) * 14 // p)
+sp = {}
+for overlap in (True, False):
+    layer = build(tp2, overlap, sequence_parallel=True)
+    xs = x.reshape(14, 32)[rows].detach().clone().requires_grad_(True)
+    ys = layer(xs, seq_len=7)
+    ys.backward(g.reshape(14, 32)[rows])
+    sp[overlap] = (ys.detach(), xs.grad, layer)
+ys, gxs, layer = sp[True]
+close(ys, y1.reshape(14, 32)[rows], "sequence-parallel output")
+close(gxs, gx1.reshape(14, 32)[rows], "sequence-parallel input gradient")
+close(layer.ln1.weight.grad, ref.ln1.weight.grad, "sequence-parallel ln1 weight gradient")
+close(layer.ln2.bias.grad, ref.ln2.bias.grad, "sequence-parallel ln2 bias gradient")
+close(layer.fc2.bias.grad, ref.fc2.bias.grad, "sequence-parallel fc2 bias gradient")
+close(layer.fc_q.weight.grad, ref.fc_q.weight.grad[:, rank * n:(rank + 1) * n],
+      "sequence-parallel fc_q gradient")
+assert torch.equal(sp[True][0], sp[False][0]) and torch.equal(sp[True][1], sp[False][1]), \
+    "overlap changed the sequence-parallel result"
+try:
+    layer(xs)
+except ValueError as exc:
+    assert "sequence parallelism needs seq_len" in str(exc)
+else:
+    raise AssertionError("a sequence-parallel layer ran without seq_len")
+if rank == 0:
+    print(f"OK sequence-parallel transformer layer TP={p} matches TP=1", flush=True)
 try:
     TransformerLayer(32, 3, tp2)
 except ValueError as exc:
