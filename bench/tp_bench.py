@@ -44,6 +44,15 @@ from tp.layers import ColumnParallelLinear, RowParallelLinear, reserve_sms
 from .timing import seconds_per_call
 
 
+def _agreed(error: float, world) -> float:
+    """The largest of every rank's ``error`` (NaN counts as infinite): each rank checks its
+    own shards, and all must take the same verdict, or one rank would time collectives the
+    others skip."""
+    from mpi4py import MPI
+
+    return world.allreduce(error if error == error else float("inf"), op=MPI.MAX)
+
+
 def _ms(fn, iters, warmup, device, world) -> float:
     for _ in range(warmup):
         fn()
@@ -117,6 +126,7 @@ def run(world, comm, self_comm, device: torch.device, dtype_name: str, tokens: i
 
     def add(layer, phase, m, nn_, kk, error, fn, tp=p):
         """A row: timed only when its check (``error``, already measured) passed."""
+        error = _agreed(error, world)
         ok = error <= tol
         result.append({"layer": layer, "phase": phase, "tp": tp, "M": m, "N": nn_, "K": kk,
                        "dtype": dtype_name, "max_rel_err": error, "ok": ok,
@@ -218,7 +228,7 @@ def overlap_rows(world, comm, device, dtype_name, tol, xd, hd, grad_y, layers_, 
 
     def record(layer, phase, m, n, k, chunks, checks, timed):
         """``checks``: the error of each piece; ``timed``: its call, timed if all pass."""
-        error = max(checks)
+        error = _agreed(max(checks), world)
         row_ = {"layer": layer, "phase": phase, "tp": comm.size, "M": m, "N": n, "K": k,
                 "dtype": dtype_name, "chunks": chunks, "sm_margin": row.sm_margin,
                 "max_rel_err": error, "ok": error <= tol, "compute_ms": None, "comm_ms": None,

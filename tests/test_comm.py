@@ -44,10 +44,51 @@ def mpirun(n: int, *args: str, timeout: int = 180, env: dict | None = None
 @needs_mpi
 @pytest.mark.parametrize("ranks", [2, 3, 4])
 def test_every_operation_matches_numpy(ranks):
-    result = mpirun(ranks, str(PROGRAMS / "collectives.py"), "--comm", "mpi,ring")
+    result = mpirun(ranks, str(PROGRAMS / "collectives.py"), "--comm", "mpi,ring,symm")
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"OK mpi on {ranks} ranks (cpu)" in result.stdout
     assert f"OK ring/mpi on {ranks} ranks (cpu)" in result.stdout
+    # symm: its heap, then the same matrix in 520-byte pieces on each all-reduce path, the
+    # same bits on every rank, and sizes above the 8 MiB heap and around the one-shot limit.
+    assert f"OK symm on {ranks} ranks (cpu)" in result.stdout
+    assert re.search(rf"OK symm in 520-byte pieces, one-shot on {ranks} ranks \(cpu\): \d+ "
+                     rf"checks, one-shot [1-9]\d* calls, two-shot 0 calls", result.stdout)
+    assert re.search(rf"OK symm in 520-byte pieces, two-shot on {ranks} ranks \(cpu\): \d+ "
+                     rf"checks, one-shot 0 calls, two-shot [1-9]\d* calls", result.stdout)
+    assert f"OK symm same bits on every rank and path on {ranks} ranks (cpu)" in result.stdout
+    assert re.search(rf"OK symm above its 8388608-byte capacity on {ranks} ranks \(cpu\): "
+                     rf"\d+ checks, one-shot [1-9]\d* calls, two-shot [1-9]\d* calls",
+                     result.stdout)
+
+
+@pytest.mark.gpu
+@needs_mpi
+def test_symm_on_one_gpu_shared_by_two_ranks():
+    """Two processes on one GPU: CUDA IPC between processes of one device, the spin-kernel
+    barrier under the GPU's time slicing, every operation and dtype against numpy."""
+    first = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
+    result = mpirun(2, str(PROGRAMS / "collectives.py"), "--comm", "symm", "--device", "cuda",
+                    env={"CUDA_VISIBLE_DEVICES": first}, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "OK symm on 2 ranks (cuda)" in result.stdout
+    assert "OK symm above its 8388608-byte capacity on 2 ranks (cuda)" in result.stdout
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_symm_gpu_barrier_kernel_compiles_to_volatile_flags_and_system_fences(tmp_path):
+    """The GPU heap's barrier, compiled without a GPU: the flag store and the spinning load
+    are volatile (the load is repeated, not hoisted out of the loop) and both fences are
+    system-wide (the peers are other processes)."""
+    from tp.comm.symm_heap import _SIGNAL_AND_WAIT
+
+    source, ptx = tmp_path / "signal.cu", tmp_path / "signal.ptx"
+    source.write_text(_SIGNAL_AND_WAIT)
+    result = subprocess.run([shutil.which("nvcc"), "-ptx", "-arch=sm_90", "-o", str(ptx),
+                             str(source)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    text = ptx.read_text()
+    assert "st.volatile.global.u32" in text and "ld.volatile.global.u32" in text
+    assert text.count("membar.sys") == 2
 
 
 @needs_mpi
@@ -68,7 +109,7 @@ def test_bad_calls_raise_before_communicating():
 
 
 @needs_mpi
-@pytest.mark.parametrize("backend", ["mpi", "ring"])
+@pytest.mark.parametrize("backend", ["mpi", "ring", "symm"])
 def test_an_exception_on_one_rank_aborts_the_job(backend):
     result = mpirun(3, str(PROGRAMS / "fail.py"), "--mode", "raise", "--backend", backend,
                     timeout=60)
@@ -78,7 +119,7 @@ def test_an_exception_on_one_rank_aborts_the_job(backend):
 
 
 @needs_mpi
-@pytest.mark.parametrize("backend", ["mpi", "ring"])
+@pytest.mark.parametrize("backend", ["mpi", "ring", "symm"])
 def test_ranks_disagreeing_on_the_size_abort_the_job(backend):
     result = mpirun(2, str(PROGRAMS / "fail.py"), "--mode", "mismatch", "--backend", backend,
                     timeout=60)
@@ -89,7 +130,7 @@ def test_ranks_disagreeing_on_the_size_abort_the_job(backend):
 
 
 @needs_mpi
-@pytest.mark.parametrize("backend,code", [("ring", 3), ("mpi", 0)])
+@pytest.mark.parametrize("backend,code", [("ring", 3), ("mpi", 0), ("symm", 3)])
 def test_a_rank_that_exits_early_aborts_the_job_within_10_s(backend, code):
     """sys.exit (any code) on one rank while the others wait in a collective: its exit
     handshake times out after 10 s (the default) and aborts the job."""
@@ -125,7 +166,7 @@ def test_ranks_that_end_seconds_apart_end_normally():
 
 
 @needs_mpi
-@pytest.mark.parametrize("backend", ["mpi", "ring"])
+@pytest.mark.parametrize("backend", ["mpi", "ring", "symm"])
 def test_a_receive_that_does_not_match_its_send_aborts_the_job(backend):
     result = mpirun(2, str(PROGRAMS / "fail.py"), "--mode", "p2p", "--backend", backend,
                     timeout=60)
@@ -165,6 +206,30 @@ def test_gemmlab_comm_on_cpu_end_to_end(tmp_path):
 
 
 @needs_mpi
+def test_gemmlab_comm_sweeps_symm_on_cpu(tmp_path):
+    """2 ranks, every collective at 1 KiB and 96 KiB (one-shot all-reduce) and 9 MiB (above
+    the 256 KiB one-shot limit and the 8 MiB heap: two-shot, in pieces), each call checked."""
+    result = mpirun(2, "-m", "bench.cli", "comm", "--device", "cpu", "-b", "1K", "-e", "9M",
+                    "-f", "96", "-n", "2", "-w", "1", "-c", "1", "--op",
+                    "all_reduce,all_gather,reduce_scatter,all_to_all,broadcast",
+                    "--comm", "symm", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "all_reduce | symm | 2 ranks | fp32 | cpu" in result.stdout
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert {(r["op"], r["backend"], r["bytes"]) for r in rows} == {
+        (op, "symm", size) for op in cb.COLLECTIVES for size in (1024, 96 << 10, 9 << 20)}
+    for row in rows:
+        assert row["ok"] and row["wrong"] == 0 and row["ranks"] == 2 and row["time_us"] > 0
+
+
+def test_gemmlab_comm_sweeps_symm_by_default():
+    from bench.commands.comm import default_comms
+
+    assert default_comms("cpu") == "mpi,ring,symm"
+    assert "symm" in default_comms("cuda").split(",")
+
+
+@needs_mpi
 def test_gemmlab_comm_takes_the_long_options_and_the_short_dtype_names(tmp_path):
     """bf16 on 3 ranks: ring sums it, native MPI has no bf16 type and is skipped."""
     result = mpirun(3, "-m", "bench.cli", "comm", "--device", "cpu", "--min-bytes", "1K",
@@ -187,7 +252,7 @@ def test_gemmlab_comm_takes_the_long_options_and_the_short_dtype_names(tmp_path)
     (("--op", "all_reduce,scan"), "error: unknown op scan; known: all_reduce, all_gather, "
                                   "reduce_scatter, all_to_all, broadcast"),
     (("--comm", "mpi,gloo"), "error: unknown communicator gloo; known: mpi, ring, ring/mpi, "
-                             "ring/nccl, nccl, nccl_direct"),
+                             "ring/nccl, nccl, symm, nccl_direct"),
     (("--dtype", "float32"), "error: unknown dtype float32; known: fp32, fp64, fp16, bf16, "
                              "int32, int64"),
     (("--comm", "nccl"), "error: --comm nccl needs GPUs (--device cuda)"),
@@ -380,7 +445,18 @@ def test_each_communicator_says_what_it_can_sum_without_being_created():
     assert tp.comm.reduce_dtypes("mpi") == MpiCommunicator.reduce_dtypes == (
         torch.float32, torch.float64, torch.int32, torch.int64)
     assert tp.comm.reduce_dtypes("ring") is None and tp.comm.reduce_dtypes("ring", "cuda") is None
+    assert tp.comm.reduce_dtypes("symm") is None and tp.comm.reduce_dtypes("symm", "cuda") is None
     assert set(tp.comm.reduce_dtypes("nccl", "cuda")) == {
         d.torch for d in dtypes.DTYPES.values() if d.nccl is not None}
     with pytest.raises(ValueError, match="unknown communicator 'gloo'"):
         tp.comm.reduce_dtypes("gloo")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the reason given without a GPU")
+def test_symm_on_a_gpu_says_why_it_cannot_run_here():
+    import tp.comm
+    from tp.comm.symm_heap import ipc_unavailable_reason
+
+    assert ipc_unavailable_reason() == "no CUDA GPU visible to torch"
+    with pytest.raises(RuntimeError, match="^symm: no CUDA GPU visible to torch$"):
+        tp.comm.create("symm", None, "cuda")

@@ -16,7 +16,8 @@ GPU_ONLY = ("ring/nccl", "nccl", "nccl_direct")  # communicators that need --dev
 
 def default_comms(device_type: str) -> str:
     """``--comm`` when not given: every communicator that runs on the device."""
-    return "nccl_direct,nccl,ring,ring/mpi,mpi" if device_type == "cuda" else "mpi,ring"
+    return ("nccl_direct,nccl,symm,ring,ring/mpi,mpi" if device_type == "cuda"
+            else "mpi,ring,symm")
 
 
 def _check(args, device_type: str) -> None:
@@ -129,7 +130,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                       help="comma list of all_reduce, all_gather, reduce_scatter, all_to_all, "
                       "broadcast")
     comm.add_argument("--comm", help="communicators: comma list of mpi, ring, ring/mpi, "
-                      "ring/nccl, nccl, nccl_direct (default: all that run on the device)")
+                      "ring/nccl, nccl, symm, nccl_direct (default: all that run on the "
+                      "device)")
     comm.add_argument("--dtype", default="fp32", help=f"{', '.join(COMM)} (default fp32)")
     comm.add_argument("--device", choices=("cpu", "cuda"),
                       help="where the buffers live (default: cuda when a GPU is visible)")

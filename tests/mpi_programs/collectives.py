@@ -1,13 +1,19 @@
 """Run under mpiexec: every operation of every given communicator against a numpy reference.
 
-    mpiexec -n P python tests/mpi_programs/collectives.py --comm mpi,ring --device cpu
+    mpiexec -n P python tests/mpi_programs/collectives.py --comm mpi,ring,symm --device cpu
 
 Each rank's input is small integers in [-2, 2] derived from (rank, element, salt), so every
 sum is exact in every dtype and the reference is computed exactly in int64 with numpy.
 Any mismatch raises, which aborts the job; rank 0 prints one line per backend on success.
+
+``symm`` is checked further (``check_symm``): the same matrix on heaps of a few hundred bytes
+(every operation in many pieces, all-reduce forced one-shot, then two-shot), sizes above the
+default capacity and around the one-shot limit, and random floats whose all-reduce must give
+the same bits on every rank and on both paths.
 """
 
 import argparse
+import hashlib
 
 import numpy as np
 import torch
@@ -15,6 +21,8 @@ from mpi4py import MPI
 
 from backends.dtypes import COMM, DTYPES
 from tp.comm import create
+from tp.comm.symm import ONE_SHOT_MAX_BYTES, SymmCommunicator
+from tp.comm.symm_heap import open_heap
 from tp.mpi import abort_on_exception, bind_device
 
 COMM_DTYPES = [DTYPES[name].torch for name in COMM]  # every dtype gemmlab comm sweeps
@@ -97,6 +105,117 @@ def check(comm, device, p, r):
     return checks
 
 
+SMALL_HEAP = 520  # bytes per rank: a multiple of no itemsize times P, so pieces end oddly
+
+
+def count_paths(comm):
+    """Count ``comm``'s one-shot and two-shot all-reduces (wraps the instance's methods)."""
+    calls = {"one-shot": 0, "two-shot": 0}
+    for path, method in (("one-shot", comm._one_shot), ("two-shot", comm._two_shot)):
+        def counted(src, dst, path=path, method=method):
+            calls[path] += 1
+            method(src, dst)
+        setattr(comm, f"_{path.replace('-', '_')}", counted)
+    return calls
+
+
+def check_large(comm, device, p, r):
+    """Sizes above the heap's capacity (pieces) and on both sides of the one-shot limit."""
+    cap, checks = comm.heap.capacity, 0
+    for dtype in COMM_DTYPES:  # both all-reduce paths, at the limit and one element above
+        limit = ONE_SHOT_MAX_BYTES // dtype.itemsize
+        for count in (limit, limit + 2 * p + 1):
+            x, _ = rank_input(r, (count,), dtype, device, 3)
+            want = sum(rank_input(q, (count,), dtype, "cpu", 3)[1] for q in range(p))
+            expect(f"all_reduce {dtype} count={count}", comm.all_reduce(x), want)
+            checks += 1
+    n = cap // 4 + 3  # fp32 elements: two pieces, the last smaller than one chunk per rank
+    x, _ = rank_input(r, (n,), torch.float32, device, 4)
+    alls = [rank_input(q, (n,), torch.float32, "cpu", 4)[1] for q in range(p)]
+    expect("all_reduce above capacity", comm.all_reduce(x.clone()), sum(alls))
+    expect("all_gather above capacity", comm.all_gather(x), np.concatenate(alls))
+    buf = x.clone()
+    comm.broadcast(buf, p - 1)
+    expect("broadcast above capacity", buf, alls[p - 1])
+    rows = cap // (4 * p) + 1  # per-rank blocks of two pieces each
+    big, _ = rank_input(r, (p * rows,), torch.float32, device, 5)
+    bigs = [rank_input(q, (p * rows,), torch.float32, "cpu", 5)[1].reshape(p, -1)
+            for q in range(p)]
+    expect("reduce_scatter above capacity", comm.reduce_scatter(big), sum(bigs)[r])
+    expect("all_to_all above capacity", comm.all_to_all(big),
+           np.concatenate([bigs[q][r] for q in range(p)]))
+    return checks + 5
+
+
+def check_same_bits(one_shot, two_shot, world, device, p, r):
+    """Random floats (inexact sums): every rank gets the same bits, on both paths: those of
+    the ranks' values added in rank order in fp32 and rounded once to the dtype, within the
+    dtype's tolerance of the float64 sum."""
+    checks = 0
+    for name in ("fp32", "fp16", "bf16"):
+        dtype, tol = DTYPES[name].torch, DTYPES[name].tolerance
+        inputs = [torch.randn(1001, generator=torch.Generator().manual_seed(q)).to(dtype)
+                  for q in range(p)]
+        want = sum(x.double() for x in inputs)
+        in_order = inputs[0].float()
+        for other in inputs[1:]:
+            in_order = in_order + other.float()
+        x = inputs[r].to(device)
+        first = one_shot.all_reduce(x.clone()).cpu()
+        second = two_shot.all_reduce(x.clone()).cpu()
+        if not (torch.equal(first, second) and torch.equal(first, in_order.to(dtype))):
+            raise AssertionError(f"{name}: one-shot and two-shot all_reduce differ from each "
+                                 f"other or from the fp32 sum in rank order")
+        digests = world.allgather(hashlib.sha256(first.view(torch.uint8).numpy()).hexdigest())
+        if len(set(digests)) != 1:
+            raise AssertionError(f"{name}: all_reduce differs between ranks")
+        error = float((first.double() - want).norm() / want.norm())
+        if error > tol:
+            raise AssertionError(f"{name}: all_reduce relative error {error:.2e} > {tol}")
+        checks += 3
+    return checks
+
+
+def check_symm(world, device, label):
+    """The symm-only checks above; rank 0 prints one line for each."""
+    p, r = world.Get_size(), world.Get_rank()
+
+    def report(what, checks, paths=None):
+        total = world.allreduce(checks)
+        counted = ("" if paths is None else f", one-shot {paths['one-shot']} calls, two-shot "
+                   f"{paths['two-shot']} calls")
+        if r == 0:
+            print(f"OK symm {what} on {p} ranks ({label}): {total} checks{counted}", flush=True)
+
+    try:
+        open_heap(world, device, 63)
+    except ValueError as exc:
+        assert "capacity must be >= 64 bytes" in str(exc), exc
+    else:
+        raise AssertionError("a 63-byte heap was accepted")
+    small = {}
+    for path, limit in (("one-shot", 1 << 62), ("two-shot", -1)):  # -1: even empty
+        comm = SymmCommunicator(world, open_heap(world, device, SMALL_HEAP), limit)
+        comm.check_calls(world)
+        paths = count_paths(comm)
+        checks = check(comm, device, p, r)
+        if paths[path] == 0 or sum(paths.values()) != paths[path]:
+            raise AssertionError(f"expected {path} all-reduces only; got {paths}")
+        report(f"in {SMALL_HEAP}-byte pieces, {path}", checks, paths)
+        small[path] = comm
+    report("same bits on every rank and path",
+           check_same_bits(small["one-shot"], small["two-shot"], world, device, p, r))
+    for comm in small.values():
+        comm.close()
+    comm = create("symm", world, device)
+    paths = count_paths(comm)
+    checks = check_large(comm, device, p, r)
+    if not (paths["one-shot"] and paths["two-shot"]):
+        raise AssertionError(f"expected both all-reduce paths; got {paths}")
+    report(f"above its {comm.heap.capacity}-byte capacity", checks, paths)
+    comm.close()
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--comm", default="mpi,ring")
@@ -113,6 +232,8 @@ def main():
         if world.Get_rank() == 0:
             print(f"OK {comm.name} on {world.Get_size()} ranks ({args.device}): {total} checks",
                   flush=True)
+        if name == "symm":
+            check_symm(world, device, args.device)
 
 
 if __name__ == "__main__":

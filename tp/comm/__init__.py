@@ -1,4 +1,4 @@
-"""One communicator interface, four implementations (see ``base.py`` for the semantics).
+"""One communicator interface, five implementations (see ``base.py`` for the semantics).
 
 =============  =====================================================================
 ``mpi``        mpi4py's built-in collectives; CUDA tensors direct if MPI is CUDA-aware,
@@ -6,9 +6,12 @@
 ``ring/mpi``   the from-scratch ring algorithms over MPI point-to-point (host memory)
 ``ring/nccl``  the same algorithms over NCCL send/recv (GPU memory, no host copies)
 ``nccl``       NCCL's own collectives through ``cupy.cuda.nccl``
+``symm``       one-shot/two-shot collectives over a symmetric heap (``symm.py``): an MPI-3
+               shared-memory window on the CPU, CUDA IPC buffers on the GPU (one node)
 =============  =====================================================================
 
-``ring`` picks ``ring/nccl`` for a CUDA device and ``ring/mpi`` otherwise.
+``ring`` picks ``ring/nccl`` for a CUDA device and ``ring/mpi`` otherwise; ``symm`` picks its
+heap by the device the same way.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import torch
 
 from .base import Communicator, Work
 
-BACKENDS = ("mpi", "ring", "ring/mpi", "ring/nccl", "nccl")
+BACKENDS = ("mpi", "ring", "ring/mpi", "ring/nccl", "nccl", "symm")
 
 
 def create(name: str, comm=None, device: torch.device | str = "cpu", *,
@@ -32,15 +35,18 @@ def create(name: str, comm=None, device: torch.device | str = "cpu", *,
     ``gemmlab comm --call-check on,off`` measures).
 
     Raises:
-        ValueError: unknown name (the message lists the known ones), or an NCCL backend
-            asked for a CPU device.
-        RuntimeError: NCCL cannot be used on this machine (the reason is given).
+        ValueError: unknown name (the message lists the known ones), an NCCL backend
+            asked for a CPU device, or ``symm`` over ranks on more than one node.
+        RuntimeError: NCCL (or, for ``symm`` on a GPU, CuPy) cannot be used on this machine
+            (the reason is given).
     """
     from mpi4py import MPI
 
     from .mpi_backend import MpiCommunicator
     from .nccl_backend import NcclCommunicator, create_nccl_comm
     from .ring import RingCommunicator
+    from .symm import SymmCommunicator
+    from .symm_heap import ipc_unavailable_reason, open_heap
     from .transport import MpiTransport, NcclTransport
 
     comm = MPI.COMM_WORLD if comm is None else comm
@@ -49,6 +55,8 @@ def create(name: str, comm=None, device: torch.device | str = "cpu", *,
         name = "ring/nccl" if device.type == "cuda" else "ring/mpi"
     if name in ("nccl", "ring/nccl") and device.type != "cuda":
         raise ValueError(f"{name} needs a CUDA device; got {device}")
+    if name == "symm" and device.type == "cuda" and (why := ipc_unavailable_reason()):
+        raise RuntimeError(f"symm: {why}")  # before asking torch for the current device
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     if name == "mpi":
@@ -60,6 +68,8 @@ def create(name: str, comm=None, device: torch.device | str = "cpu", *,
                                                       comm.Get_rank(), comm.Get_size()))
     elif name == "nccl":
         communicator = NcclCommunicator(comm, device)
+    elif name == "symm":
+        communicator = SymmCommunicator(comm, open_heap(comm, device))
     else:
         raise ValueError(f"unknown communicator {name!r}; known: {', '.join(BACKENDS)}")
     if check:
@@ -70,7 +80,7 @@ def create(name: str, comm=None, device: torch.device | str = "cpu", *,
 def reduce_dtypes(name: str, device_type: str = "cpu") -> tuple[torch.dtype, ...] | None:
     """The dtypes communicator ``name`` can sum (all_reduce, reduce_scatter) on devices of
     ``device_type``, without creating it: its ``reduce_dtypes``; None for every floating and
-    integer dtype (the ring algorithms add with torch).
+    integer dtype (the ring and symm algorithms add with torch).
 
     Raises:
         ValueError: unknown name (the message lists the known ones).
@@ -89,6 +99,10 @@ def reduce_dtypes(name: str, device_type: str = "cpu") -> tuple[torch.dtype, ...
         from .ring import RingCommunicator
 
         return RingCommunicator.reduce_dtypes
+    if name == "symm":
+        from .symm import SymmCommunicator
+
+        return SymmCommunicator.reduce_dtypes
     raise ValueError(f"unknown communicator {name!r}; known: {', '.join(BACKENDS)}")
 
 

@@ -1,0 +1,271 @@
+"""Symmetric heaps for the ``symm`` communicator: every rank owns one buffer of the same size
+and holds a view of every peer's buffer, so a rank reads (and writes) peers' memory with
+plain tensor copies, and the ranks only need a barrier between writing and reading.
+
+The interface ``symm.py``'s collectives are written over (both heaps provide it):
+
+- ``peer(r)``: a flat ``torch.uint8`` tensor of ``capacity`` bytes viewing rank r's buffer
+  (r == rank: this rank's own), on this heap's device; 64-byte aligned.
+- ``barrier()``: collective; every rank's writes to its buffer before the barrier are
+  visible to every rank after it, and every read of a peer's buffer issued before it has
+  finished before anything after it writes.
+- ``begin()`` / ``end()``: around each operation (stream-ordered heaps order the operations
+  of all streams on the one buffer; no-ops on the host).
+- ``capacity`` (bytes), ``rank``, ``size``, ``device``, ``devices`` (the torch device types
+  whose tensors it serves), ``stream_ordered`` (see ``base.py``), and ``close()``
+  (collective).
+
+``SharedWindowHeap`` (CPU): an MPI-3 shared-memory window. ``IpcHeap`` (GPU): ``cudaMalloc``
+buffers exchanged as CUDA IPC handles, signalled by a tiny spin kernel on the current stream.
+Both need every rank of the communicator on one node (shared memory, CUDA IPC).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+CAPACITY = 8 << 20  # bytes per rank: larger messages go in pieces, so this bounds memory only
+_ALIGN = 64  # every view starts 64-byte aligned (a cache line; any dtype's alignment)
+
+
+def _same_node(comm, who: str):
+    """``comm``'s ranks on this node, ordered as in ``comm`` (a new communicator).
+
+    Collective over ``comm``. Raises ValueError on every rank when ``comm`` spans several
+    nodes: either every node's group is smaller than ``comm`` or none is, so all ranks agree.
+    """
+    from mpi4py import MPI
+
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    if node.Get_size() != comm.Get_size():
+        found = node.Get_size()
+        node.Free()
+        raise ValueError(f"{who} needs every rank of the communicator on one node "
+                         f"(shared memory); this node has {found} of its {comm.Get_size()} "
+                         f"ranks")
+    return node
+
+
+class SharedWindowHeap:
+    """Host memory shared by the ranks of one node: an MPI-3 shared-memory window.
+
+    ``MPI.Win.Allocate_shared`` gives each rank a segment of one shared allocation and
+    ``Win.Shared_query(r)`` the address of rank r's segment in this process (MPI-3.1, sec.
+    11.2.3); each is wrapped zero-copy as numpy, then torch. Shared windows follow the unified
+    memory model (sec. 11.4, checked here), where loads and stores reach the other processes
+    directly; ``barrier()`` is ``Win_sync``, ``Barrier``, ``Win_sync``: each ``MPI_Win_sync``
+    is a memory barrier between this process's accesses and the window (sec. 11.5.4), the
+    ``MPI_Barrier`` orders the processes. ``Win_sync`` is valid in a passive-target epoch, so
+    one ``Lock_all`` epoch stays open for the window's life.
+    """
+
+    devices = ("cpu",)
+    stream_ordered = False
+
+    def __init__(self, comm, capacity: int = CAPACITY):
+        """Collective over mpi4py ``comm``; ``capacity``: bytes per rank (>= 64).
+
+        Raises:
+            ValueError: ranks of ``comm`` on more than one node; a capacity under 64 bytes.
+        """
+        from mpi4py import MPI
+
+        if capacity < _ALIGN:
+            raise ValueError(f"symm: capacity must be >= {_ALIGN} bytes; got {capacity}")
+        self.node = _same_node(comm, "symm on CPU")
+        self.rank, self.size = self.node.Get_rank(), self.node.Get_size()
+        self.capacity, self.device = capacity, torch.device("cpu")
+        # _ALIGN extra bytes: each segment is used from its first 64-byte boundary on.
+        self.win = MPI.Win.Allocate_shared(capacity + _ALIGN, 1, comm=self.node)
+        if self.win.Get_attr(MPI.WIN_MODEL) != MPI.WIN_UNIFIED:
+            self.win.Free()
+            self.node.Free()
+            raise RuntimeError("symm: this MPI's shared windows use the separate memory "
+                               "model; plain loads and stores need the unified one")
+        self.win.Lock_all(MPI.MODE_NOCHECK)
+        self._peers = []
+        for r in range(self.size):
+            raw = np.frombuffer(self.win.Shared_query(r)[0], dtype=np.uint8)
+            # Mappings are page aligned, so the offset to 64 bytes is the same in every process.
+            skip = -raw.ctypes.data % _ALIGN
+            self._peers.append(torch.from_numpy(raw[skip:skip + capacity]))
+        self.barrier()  # no rank uses a buffer before every rank has mapped them all
+
+    def peer(self, r: int) -> torch.Tensor:
+        return self._peers[r]
+
+    def begin(self) -> None:
+        """Nothing: host-driven operations already run one at a time, in call order."""
+
+    def end(self) -> None:
+        """Nothing (see ``begin``)."""
+
+    def barrier(self) -> None:
+        self.win.Sync()
+        self.node.Barrier()
+        self.win.Sync()
+
+    def close(self) -> None:
+        """Free the window (collective over the ranks)."""
+        self._peers = []
+        self.win.Unlock_all()
+        self.win.Free()
+        self.node.Free()
+
+
+def ipc_unavailable_reason() -> str | None:
+    """Why ``IpcHeap`` cannot be used here, or None."""
+    if not torch.cuda.is_available():
+        return "no CUDA GPU visible to torch"
+    try:
+        import cupy  # noqa: F401
+    except ImportError as exc:
+        return f"CuPy is not importable ({exc})"
+    return None
+
+
+# Rank ``rank`` writes ``epoch`` into its slot of every peer's header (one thread per peer),
+# then waits until every peer's slot in its own header has reached ``epoch``. The fences make
+# the rank's earlier writes (everything before the kernel on its stream) visible before its
+# flag, and the peers' before what follows the kernel (release, then acquire, at system scope
+# because the peers are other processes, possibly on other GPUs). Slots only grow, so the
+# comparison is ">= epoch" (a fast peer may already be at the next barrier), written as a
+# signed difference so that it survives the int32 wrap-around.
+_SIGNAL_AND_WAIT = r"""
+extern "C" __global__ void signal_and_wait(const unsigned long long* headers, int rank,
+                                           int size, unsigned int epoch) {
+    int peer = threadIdx.x;
+    if (peer >= size) return;
+    __threadfence_system();
+    ((volatile unsigned int*)headers[peer])[rank] = epoch;
+    volatile unsigned int* mine = (volatile unsigned int*)headers[rank];
+    while ((int)(mine[peer] - epoch) < 0) {
+    }
+    __threadfence_system();
+}
+"""
+
+
+class IpcHeap:
+    """GPU memory of every rank mapped into every rank through CUDA IPC (one node).
+
+    Each rank ``cudaMalloc``s a header of int32 flags (one per rank) followed by its
+    ``capacity`` bytes: a buffer of its own allocation, so its IPC handle starts at the
+    buffer (a pointer inside torch's caching allocator would export the whole block). The
+    handles (``cudaIpcGetMemHandle``) are exchanged with ``allgather`` and opened with
+    ``cudaIpcOpenMemHandle`` (peer access enabled lazily; a process cannot open its own
+    handle, so its own buffer is used directly). Every pointer is wrapped through DLPack as a
+    ``torch.uint8`` tensor on this rank's device, so ``dst.copy_(heap.peer(r))`` is a
+    ``cudaMemcpyAsync`` (copy engine) and sums read peers' memory in place, on torch's current
+    stream. ``barrier()`` launches ``signal_and_wait`` on that stream: no host round trip, one
+    epoch per barrier. Ranks may share a GPU (IPC handles open in other processes on the same
+    device); ranks on different GPUs need peer access between them (NVLink or PCIe P2P). No
+    NVLink multicast is used.
+    """
+
+    devices = ("cuda",)
+    stream_ordered = True
+
+    def __init__(self, comm, device: torch.device, capacity: int = CAPACITY):
+        """Collective over mpi4py ``comm``; ``device``: this rank's GPU; ``capacity``: bytes
+        per rank.
+
+        Raises:
+            RuntimeError: no GPU or no CuPy (``ipc_unavailable_reason``).
+            ValueError: ranks of ``comm`` on more than one node; a capacity under 64 bytes.
+        """
+        if (why := ipc_unavailable_reason()) is not None:
+            raise RuntimeError(f"symm: {why}")
+        if capacity < _ALIGN:
+            raise ValueError(f"symm: capacity must be >= {_ALIGN} bytes; got {capacity}")
+        import cupy
+
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        self.comm = _same_node(comm, "symm on GPU")
+        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+        self.capacity, self.device = capacity, device
+        self._header = -(-4 * self.size // 256) * 256  # int32 flags, padded to 256 bytes
+        nbytes = self._header + capacity
+        runtime = cupy.cuda.runtime
+        self._epoch = 0
+        self._opened: list[int] = []
+        with cupy.cuda.Device(device.index):
+            self._own = runtime.malloc(nbytes)
+            runtime.memset(self._own, 0, self._header)  # every flag 0 before any peer writes
+            runtime.deviceSynchronize()
+            handles = self.comm.allgather(bytes(runtime.ipcGetMemHandle(self._own)))
+            bases = []
+            for r, handle in enumerate(handles):
+                if r == self.rank:
+                    bases.append(self._own)
+                else:
+                    self._opened.append(runtime.ipcOpenMemHandle(handle))
+                    bases.append(self._opened[-1])
+            self._headers = cupy.asarray(np.array(bases, dtype=np.uint64))
+            self._kernel = cupy.RawKernel(_SIGNAL_AND_WAIT, "signal_and_wait")
+            self._peers = [self._wrap(base + self._header, capacity) for base in bases]
+        self._last = torch.cuda.Event()  # end of the previous operation (see ``begin``)
+        self.comm.Barrier()  # nobody signals before every rank has opened every buffer
+
+    def _wrap(self, ptr: int, nbytes: int) -> torch.Tensor:
+        """``nbytes`` at device pointer ``ptr`` as a torch uint8 tensor on this rank's device
+        (DLPack carries CuPy's device id; ``__cuda_array_interface__`` would make torch ask the
+        pointer, which names the peer's GPU)."""
+        import cupy
+
+        memory = cupy.cuda.UnownedMemory(ptr, nbytes, self, device_id=self.device.index)
+        array = cupy.ndarray((nbytes,), dtype=cupy.uint8,
+                             memptr=cupy.cuda.MemoryPointer(memory, 0))
+        tensor = torch.from_dlpack(array)
+        if tensor.device != self.device:
+            raise RuntimeError(f"symm: a peer buffer came out on {tensor.device}, not "
+                               f"{self.device}")
+        return tensor
+
+    def peer(self, r: int) -> torch.Tensor:
+        return self._peers[r]
+
+    def begin(self) -> None:
+        """Start of an operation on the current stream: wait for the previous one, which may
+        have run on another stream (``stream=``), since all use the same buffer."""
+        torch.cuda.current_stream(self.device).wait_event(self._last)
+
+    def end(self) -> None:
+        """End of an operation on the current stream (what the next ``begin`` waits for)."""
+        self._last.record(torch.cuda.current_stream(self.device))
+
+    def barrier(self) -> None:
+        import cupy
+
+        self._epoch = (self._epoch + 1) & 0xFFFFFFFF
+        stream = torch.cuda.current_stream(self.device)
+        with cupy.cuda.Device(self.device.index), cupy.cuda.ExternalStream(stream.cuda_stream):
+            self._kernel((1,), (self.size,), (self._headers, np.int32(self.rank),
+                                              np.int32(self.size), np.uint32(self._epoch)))
+
+    def close(self) -> None:
+        """Unmap the peers' buffers and free this rank's (collective over the ranks)."""
+        import cupy
+
+        runtime = cupy.cuda.runtime
+        torch.cuda.synchronize(self.device)
+        self.comm.Barrier()  # every rank has finished reading every buffer
+        self._peers = []
+        with cupy.cuda.Device(self.device.index):
+            for ptr in self._opened:
+                runtime.ipcCloseMemHandle(ptr)
+            self.comm.Barrier()  # every mapping of this rank's buffer is closed
+            runtime.free(self._own)
+        self._opened = []
+        self.comm.Free()
+
+
+def open_heap(comm, device: torch.device, capacity: int = CAPACITY):
+    """The heap for tensors on ``device``: ``IpcHeap`` for CUDA, ``SharedWindowHeap`` else.
+
+    Collective over mpi4py ``comm``. Raises as their constructors."""
+    if device.type == "cuda":
+        return IpcHeap(comm, device, capacity)
+    return SharedWindowHeap(comm, capacity)
