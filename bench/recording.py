@@ -191,11 +191,19 @@ def out_problem(out: str | Path, overwrite: bool = False) -> str | None:
         if not os.access(path, os.W_OK | os.X_OK):
             return f"--out {out} is not writable"
         return None
+    if (ancestor := unwritable_ancestor(path)) is not None:
+        return f"--out {out} cannot be created: {ancestor} is not a writable directory"
+    return None
+
+
+def unwritable_ancestor(path: Path) -> Path | None:
+    """The nearest existing ancestor of ``path`` when it is not a writable directory (so
+    ``path`` cannot be created), else None; changes nothing."""
     ancestor = path.parent
     while not ancestor.exists():
         ancestor = ancestor.parent
     if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
-        return f"--out {out} cannot be created: {ancestor} is not a writable directory"
+        return ancestor
     return None
 
 

@@ -145,17 +145,16 @@ def check_gemm_backend(name: str, dtype_name: str, device_type: str) -> None:
         UsageError: it does not, saying why.
     """
     import backends
-    from backends.dtypes import DTYPES
+
+    from .gemm_bench import unsupported
 
     if name not in backends.BACKENDS:
         raise UsageError(f"unknown backend {name}; known: {', '.join(backends.BACKENDS)}")
     impl = backends.BACKENDS[name]
     if (why := impl.unavailable()) is not None:
         raise UsageError(f"backend {name} cannot run here: {why}")
-    if device_type not in impl.devices:
-        raise UsageError(f"backend {name} runs on {', '.join(impl.devices)}, not {device_type}")
-    if DTYPES[dtype_name].torch not in impl.dtypes:
-        raise UsageError(f"backend {name} does not take {dtype_name}")
+    if (why := unsupported(impl, dtype_name, torch.device(device_type))) is not None:
+        raise UsageError(f"backend {name} {why}")
 
 
 def default_comm(device_type: str) -> str:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 import torch
@@ -13,6 +12,7 @@ from rich.table import Table
 
 from backends.dtypes import GEMM, GEMM_CPU, GEMM_GPU
 
+from ..recording import unwritable_ancestor
 from ..session import UsageError, csv_list, prepare_backends, set_threads
 from ..style import flops
 from ..tune import CPU_SHAPES, run_tune, tunable
@@ -22,11 +22,8 @@ def _table_problem(path: Path) -> str | None:
     """Why the tuned table at ``path`` cannot be written, or None (changes nothing)."""
     if path.is_dir():
         return f"--out {path} is a directory; it names the tuned table file (JSON)"
-    target = path if path.exists() else path.parent
-    while not target.exists():
-        target = target.parent
-    if not os.access(target, os.W_OK):
-        return f"--out {path} is not writable"
+    if (ancestor := unwritable_ancestor(path)) is not None:  # the table is replaced atomically
+        return f"--out {path} cannot be written: {ancestor} is not a writable directory"
     return None
 
 

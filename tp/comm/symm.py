@@ -57,6 +57,11 @@ _WIDENED = (torch.float16, torch.bfloat16)  # summed in fp32, rounded once
 _MAX_ITEMSIZE = 16  # complex128: every piece holds at least one element per rank
 
 
+def _pieces(n: int, step: int):
+    """(start, stop) of consecutive blocks of at most ``step`` of ``n`` elements."""
+    return ((a, min(n, a + step)) for a in range(0, n, step))
+
+
 def _sum_into(out: torch.Tensor, parts: list[torch.Tensor]) -> None:
     """``out = parts[0] + parts[1] + ...``, added in this order (fp16/bf16 in fp32)."""
     if out.dtype in _WIDENED:
@@ -132,8 +137,7 @@ class SymmCommunicator(Communicator):
     def _all_gather(self, src, dst):
         n, dt, r = src.numel(), src.dtype, self.rank
         step = self._piece(dt)
-        for a in range(0, n, step):
-            b = min(n, a + step)
+        for a, b in _pieces(n, step):
             self._view(r, dt, 0, b - a).copy_(src[a:b])
             self.heap.barrier()
             for q in range(self.size):
@@ -145,8 +149,7 @@ class SymmCommunicator(Communicator):
     def _reduce_scatter(self, src, dst):
         n, dt, r, p = dst.numel(), src.dtype, self.rank, self.size
         step = self._piece(dt, p)
-        for a in range(0, n, step):
-            b = min(n, a + step)
+        for a, b in _pieces(n, step):
             m = b - a
             self._view(r, dt, 0, p * m).view(p, m).copy_(src.view(p, n)[:, a:b])
             self.heap.barrier()
@@ -163,8 +166,7 @@ class SymmCommunicator(Communicator):
     def _one_shot(self, src, dst):
         n, dt, r = src.numel(), src.dtype, self.rank
         step = self._piece(dt)
-        for a in range(0, n, step):
-            b = min(n, a + step)
+        for a, b in _pieces(n, step):
             # dst may be src: the piece is read into the buffer before dst[a:b] is written
             self._view(r, dt, 0, b - a).copy_(src[a:b])
             self.heap.barrier()
@@ -174,8 +176,7 @@ class SymmCommunicator(Communicator):
     def _two_shot(self, src, dst):
         n, dt, r, p = src.numel(), src.dtype, self.rank, self.size
         step = self._piece(dt)
-        for a in range(0, n, step):
-            b = min(n, a + step)
+        for a, b in _pieces(n, step):
             bounds = chunk_bounds(b - a, p)
             lo, hi = bounds[r], bounds[r + 1]
             self._view(r, dt, 0, b - a).copy_(src[a:b])
@@ -195,8 +196,7 @@ class SymmCommunicator(Communicator):
     def _all_to_all(self, src, dst):
         n, dt, r, p = src.numel() // self.size, src.dtype, self.rank, self.size
         step = self._piece(dt, p)
-        for a in range(0, n, step):
-            b = min(n, a + step)
+        for a, b in _pieces(n, step):
             m = b - a
             self._view(r, dt, 0, p * m).view(p, m).copy_(src.view(p, n)[:, a:b])
             self.heap.barrier()
@@ -209,8 +209,7 @@ class SymmCommunicator(Communicator):
     def _broadcast(self, buf, root):
         n, dt = buf.numel(), buf.dtype
         step = self._piece(dt)
-        for a in range(0, n, step):
-            b = min(n, a + step)
+        for a, b in _pieces(n, step):
             if self.rank == root:
                 self._view(root, dt, 0, b - a).copy_(buf[a:b])
             self.heap.barrier()
