@@ -13,6 +13,7 @@ from .problem import Launch, Problem
 from .registry import BACKENDS, LADDER, Backend
 
 ACTIVATIONS = (None, "relu")
+_grad_enabled = torch.is_grad_enabled  # one name lookup less on the hot path
 
 
 class BackendUnavailableError(RuntimeError):
@@ -103,8 +104,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None, *,
         BackendUnavailableError: the backend cannot run on this machine (the reason is given).
     """
     try:  # the signature, written out: this is the hot path of every call
-        key = (backend, activation, allow_tf32, tuned, tuning.generation,
-               torch.is_grad_enabled(),
+        key = (backend, activation, allow_tf32, tuned, tuning.generation, _grad_enabled(),
                a.shape, a.stride(), a.dtype, a.device, a.requires_grad, a.data_ptr() % 16,
                b.shape, b.stride(), b.dtype, b.device, b.requires_grad, b.data_ptr() % 16,
                None if c is None else (c.shape, c.stride(), c.dtype, c.device,

@@ -27,7 +27,8 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # Planned Matmul objects kept (least recently used dropped and freed). Each holds the
 # operands of its latest call, so the count bounds the memory this cache keeps alive.
 PLANS_KEPT = 4
-_plans: collections.OrderedDict = collections.OrderedDict()  # token -> (Matmul, description)
+_plans: collections.OrderedDict = collections.OrderedDict()  # token -> [Matmul, description,
+#                                                                   the operands' addresses]
 # A small int per planned layout (problem, strides, alignment): hashing it per call costs
 # nothing, where hashing the layout itself (a Problem dataclass) costs a microsecond.
 _tokens: dict[tuple, int] = {}
@@ -90,18 +91,23 @@ def bind(p: Problem, config=None) -> Launch:
                       None if c is None else c.data_ptr() % 16)
             tokens.append(_tokens.setdefault(layout, len(_tokens)))
         token = tokens[0]
+        pointers = (a.data_ptr(), b.data_ptr(), None if c is None else c.data_ptr())
         entry = _plans.get(token)
         if entry is None:
-            entry = _plans[token] = plan(p, a, b, c, stream)
+            entry = _plans[token] = [*plan(p, a, b, c, stream), pointers]
             while len(_plans) > PLANS_KEPT:
                 _plans.popitem(last=False)[1][0].free()
-        else:  # a planned problem: only the operands change
+        else:
             _plans.move_to_end(token)
-            if p.c == "bias":
-                entry[0].reset_operands_unchecked(a=b.T, b=a.T, epilog_inputs={"bias": c})
-            else:
-                entry[0].reset_operands_unchecked(a=a, b=b, c=c)
-        mm, _last[0] = entry
+            # New operands for a planned problem. The same addresses need no reset: the plan
+            # holds the tensors it last ran on, so that memory is what these views are.
+            if entry[2] != pointers:
+                if p.c == "bias":
+                    entry[0].reset_operands_unchecked(a=b.T, b=a.T, epilog_inputs={"bias": c})
+                else:
+                    entry[0].reset_operands_unchecked(a=a, b=b, c=c)
+                entry[2] = pointers
+        mm, _last[0], _ = entry
         d = mm.execute(stream=stream)
         if p.c == "bias":
             d = d.T

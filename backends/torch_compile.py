@@ -70,15 +70,16 @@ def bind(p: Problem, config=None) -> Launch:
     """Inductor's kernel(s) for ``p``, compiled at the first call of its operand strides; D
     is a new tensor, copied into ``out`` when one is given. A launch is for the strides of
     its first call (``gemm()`` binds once per signature)."""
-    bound: list = []  # [compiled function, its description] after the first call
+    bound: list = []  # [the torch.compile'd function, its description] after the first call
+    relu = p.relu
 
     def launch(a, b, c, out):
-        if not bound:
+        if bound:
+            d = bound[0](a, b, c, relu)
+        else:
             fn = compiled(p, (a.stride(), b.stride(), None if c is None else c.stride()))
             d = fn(a, b, c)
-            bound[:] = fn, f"torch.compile(mode={MODE!r}), compiled in {fn.seconds:.1f} s"
-        else:
-            d = bound[0](a, b, c)
+            bound[:] = fn.fn, f"torch.compile(mode={MODE!r}), compiled in {fn.seconds:.1f} s"
         _last[0] = bound[1]
         return d if out is None else out.copy_(d)
 

@@ -62,6 +62,24 @@ def test_every_backend_is_captured_in_a_cuda_graph_and_replays_right(backend, rn
 
 
 @pytest.mark.parametrize("backend", [b.name for b in backends.LADDER])
+@pytest.mark.parametrize("c_kind", ["full", "bias"])
+def test_a_bound_signature_reads_each_calls_operands(backend, c_kind, rng):
+    """gemm() binds a signature once (cublaslt also skips re-pointing its plan when the
+    addresses repeat): new tensors of that signature, and the same tensors rewritten in
+    place, must each give their own D."""
+    dtype = backends.BACKENDS[backend].dtypes[0]
+    first = random_inputs(96, 80, 48, dtype, "cuda", c_kind, rng)
+    second = random_inputs(96, 80, 48, dtype, "cuda", c_kind, rng)
+    for a, b, c in (first, second, first):
+        assert_matches_reference(gemm(a, b, c, activation="relu", backend=backend),
+                                 a, b, c, "relu")
+    a, b, c = first
+    for t in first:
+        t.copy_(torch.randn_like(t))
+    assert_matches_reference(gemm(a, b, c, activation="relu", backend=backend), a, b, c, "relu")
+
+
+@pytest.mark.parametrize("backend", [b.name for b in backends.LADDER])
 def test_launches_follow_torchs_current_stream(backend, rng):
     """Inputs written by a long copy on a side stream must be seen by the GEMM queued after
     it on that stream: a launch on another stream would race and read stale data."""
