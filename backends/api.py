@@ -8,7 +8,7 @@ import torch
 
 from profiling.nvtx import pop, push
 
-from . import tuning
+from . import signature, tuning
 from .problem import Launch, Problem
 from .registry import BACKENDS, LADDER, Backend
 
@@ -82,10 +82,11 @@ def gemm(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None, *,
     M, N or K = 0 give the exact answer (an empty D, or act(C) / zeros) without a launch.
 
     Cost: the first call of a signature (the arguments, every tensor's shape, strides, dtype,
-    device, ``requires_grad`` and the 16-byte alignment of its address, grad mode, and the
-    tuned table's version) runs every check, resolves the tuned entry and binds the
-    backend's launch (compiling if needed); later calls of that signature look the binding
-    up and only check what depends on the data: that ``out`` does not overlap an input.
+    device, ``requires_grad``, view flags and the 16-byte alignment of its address, grad
+    mode, and the tuned table's version) runs every check, resolves the tuned entry and
+    binds the backend's launch (compiling if needed); later calls of that signature find
+    the binding (``backends.signature``'s guards compare the tensors) and only check what
+    depends on the data: that ``out`` does not overlap an input.
 
     Returns:
         D, shape (M, N), A's dtype and device (``out`` itself when given).
@@ -103,20 +104,32 @@ def gemm(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None, *,
             not support.
         BackendUnavailableError: the backend cannot run on this machine (the reason is given).
     """
-    try:  # the signature, written out: this is the hot path of every call
-        key = (backend, activation, allow_tf32, tuned, tuning.generation, _grad_enabled(),
-               a.shape, a.stride(), a.dtype, a.device, a.requires_grad, a.data_ptr() % 16,
-               b.shape, b.stride(), b.dtype, b.device, b.requires_grad, b.data_ptr() % 16,
-               None if c is None else (c.shape, c.stride(), c.dtype, c.device,
-                                       c.requires_grad, c.data_ptr() % 16),
-               None if out is None else (out.shape, out.stride(), out.dtype, out.device,
-                                         out.requires_grad, out.data_ptr() % 16))
-        plan = _PLANS[key]
-    except (KeyError, AttributeError, TypeError):  # a new signature, or not tensors
+    # The hot path of every call: find the binding of this signature.
+    plan = head = None
+    try:
+        if b is a:  # torch's guard refuses one tensor in two places: it gets a view
+            b = a.view_as(a)
+        if c is not None and (c is a or c is b):
+            c = c.view_as(c)
+        c_ = _NO_C if c is None else c
+        out_ = _NO_OUT if out is None else (
+            out.view_as(out) if out is a or out is b or out is c else out)
+        misaligned = (a.data_ptr() | b.data_ptr() | c_.data_ptr() | out_.data_ptr()) & 15
+        if misaligned:
+            misaligned = (a.data_ptr() & 15, b.data_ptr() & 15, c_.data_ptr() & 15,
+                          out_.data_ptr() & 15)
+        head = (backend, activation, allow_tf32, tuned, tuning.generation, _grad_enabled(),
+                c is None, out is None, misaligned)
+        for guards, bound in _PLANS.get(head, ()):
+            if guards.check(a, b, c_, out_):
+                plan = bound
+                break
+    except (AttributeError, TypeError):  # not tensors: _bind says which
+        head = None
+    if plan is None:
         plan = _bind(a, b, c, activation, backend, out, allow_tf32, tuned)
-        if len(_PLANS) >= MAX_PLANS:
-            _PLANS.clear()
-        _PLANS[key] = plan
+        if head is not None:
+            _keep(head, signature.guard(a, b, c_, out_), plan)
     if out is not None and _overlaps(plan, a, b, c, out):
         raise ValueError(f"out overlaps {_overlaps(plan, a, b, c, out)} in memory; pass a "
                          f"separate tensor")
@@ -127,10 +140,30 @@ def gemm(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None, *,
         pop()
 
 
-# Bound calls kept; past this many signatures the cache starts again (a program with
-# unboundedly many shapes pays the first-call cost again, nothing more).
+# Bindings kept: per head (the arguments, grad mode, which of C and out are given and the
+# pointers' misalignment), a list of (signature guard, Plan), most recent first. Past
+# MAX_PLANS in all the cache starts again (a program with unboundedly many shapes pays the
+# first-call cost again, nothing more); a head keeps at most PLANS_PER_HEAD, so a look-up
+# tries at most that many guards (a failing one costs tens of nanoseconds).
 MAX_PLANS = 1024
-_PLANS: dict[tuple, Plan] = {}
+PLANS_PER_HEAD = 32
+_PLANS: dict[tuple, list] = {}
+_plan_count = [0]
+# Stand-ins for an absent C or out, so every guard sees four tensors (distinct objects:
+# the guard refuses one tensor in two places).
+_NO_C, _NO_OUT = torch.empty(0), torch.empty(0)
+
+
+def _keep(head: tuple, guards: signature.Guard, plan: Plan) -> None:
+    if _plan_count[0] >= MAX_PLANS:
+        _PLANS.clear()
+        _plan_count[0] = 0
+    bindings = _PLANS.setdefault(head, [])
+    bindings.insert(0, (guards, plan))
+    _plan_count[0] += 1
+    if len(bindings) > PLANS_PER_HEAD:
+        bindings.pop()
+        _plan_count[0] -= 1
 
 
 @dataclass(frozen=True)

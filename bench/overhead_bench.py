@@ -18,6 +18,7 @@ a NaN-poisoned output:
   tuned-table lookup adds per call.
 - ``added_us`` = gemm_us - wrapped_us: what ``gemm()`` adds (its checks, its binding look-up,
   the NVTX range).
+- ``signature_guard``: which guard found the binding (``backends.signature``).
 
 Each figure is host time: the median over ``rounds`` rounds (the three calls taking turns) of
 ``timeit`` loops of ``number`` back-to-back calls, divided by ``number``, with the GPU
@@ -34,6 +35,7 @@ from collections.abc import Callable
 import torch
 
 import backends
+from backends import signature
 from backends.dtypes import DTYPES
 from backends.problem import Problem
 from backends.registry import CUDA_KERNELS
@@ -146,7 +148,8 @@ def measure(name: str, dtype_name: str, device: torch.device, shape=SHAPE, *, ro
     impl = backends.BACKENDS[name]
     row = {"backend": name, "dtype": dtype_name, "M": m, "N": n, "K": k, "number": number,
            "rounds": rounds, "wrapped_us": None, "gemm_us": None, "untuned_us": None,
-           "added_us": None, "tuned_us": None, "ok": False, "error": ""}
+           "added_us": None, "tuned_us": None, "ok": False, "error": "",
+           "signature_guard": signature.implementation()}
 
     def gemm(tuned: bool):
         return lambda: backends.gemm(a, b, c, activation="relu", backend=name,

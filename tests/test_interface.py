@@ -213,6 +213,39 @@ def test_out_receives_d_and_inputs_are_untouched(backend, rng):
     assert all(torch.equal(x, y) for x, y in zip((a, b, c), copies))
 
 
+@pytest.mark.parametrize("backend", RUNNING)
+def test_a_signature_changed_in_place_is_bound_again(backend, rng):
+    """A binding is for a signature, not for tensor objects: the same objects changed in
+    place (transposed, requiring grad, resized) are checked and bound again, never launched
+    with the old binding."""
+    a, b, c = random_inputs(6, 6, 6, device=DEVICE, generator=rng)
+    assert_matches_reference(gemm(a, b, c, backend=backend), a, b, c, None)
+    a.t_()  # strides (1, 6) now
+    assert_matches_reference(gemm(a, b, c, backend=backend), a, b, c, None)
+    if not backends.BACKENDS[backend].differentiable:
+        a.requires_grad_(True)
+        with pytest.raises(ValueError, match="has no backward"):
+            gemm(a, b, c, backend=backend)
+        a.requires_grad_(False)
+    b.resize_(6, 3)
+    with pytest.raises(ValueError, match=r"C must be \(6, 3\)"):
+        gemm(a, b, c, backend=backend)
+    assert_matches_reference(gemm(a, b, c[:, :3], backend=backend), a, b, c[:, :3], None)
+
+
+@pytest.mark.parametrize("backend", RUNNING)
+def test_one_tensor_in_several_places_binds_once(backend, rng):
+    from backends import api
+
+    a, _, _ = random_inputs(8, 8, 8, device=DEVICE, generator=rng)
+    for _ in range(3):
+        assert_matches_reference(gemm(a, a, a, activation="relu", backend=backend),
+                                 a, a, a, "relu")
+        bound = api._plan_count[0]
+    gemm(a, a, a, activation="relu", backend=backend)
+    assert api._plan_count[0] == bound
+
+
 def test_every_call_runs_in_an_nvtx_range_named_after_the_backend(monkeypatch, rng):
     import profiling.nvtx
 
