@@ -67,9 +67,14 @@ def with_precision(p: Problem, launch: Launch) -> Launch:
 
 def bind_cublas(p: Problem, config=None) -> Launch:
     """D = act(A @ B + C) with torch.mm / torch.addmm, written into ``out`` when given."""
+    relu = p.relu
+
     def launch(a, b, c, out):
-        out = torch.mm(a, b, out=out) if c is None else torch.addmm(c, a, b, out=out)
-        return out.relu_() if p.relu else out
+        if out is None:  # no out= keyword: torch's argument parser takes longer over one
+            d = torch.mm(a, b) if c is None else torch.addmm(c, a, b)
+        else:
+            d = torch.mm(a, b, out=out) if c is None else torch.addmm(c, a, b, out=out)
+        return d.relu_() if relu else d
 
     return with_precision(p, launch)
 
