@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import warnings
 
 import torch
 
@@ -75,6 +76,19 @@ def plan(p: Problem, a, b, c, stream: int):
     return mm, text
 
 
+def _free(mm) -> None:
+    """Release a dropped plan's cuBLASLt objects and workspace. nvmath first makes the
+    workspace's stream wait for the plan's last execution; when that execution was captured
+    into a CUDA graph and never run eagerly after, the wait is refused
+    (CUDA_ERROR_INVALID_VALUE): the plan is then dropped with a warning, and what it held
+    goes back only when Python collects it."""
+    try:
+        mm.free()
+    except Exception as exc:  # nvmath's CUDAError; whatever it is, the GEMM itself is done
+        warnings.warn(f"cublaslt: a dropped cuBLASLt plan could not release its resources "
+                      f"({type(exc).__name__}: {exc})", RuntimeWarning, stacklevel=3)
+
+
 def bind(p: Problem, config=None) -> Launch:
     """The cuBLASLt launch for ``p``: planned at its first call (per operand layout and
     pointer alignment, which cuBLASLt's algorithm choice depends on), executed after that on
@@ -83,8 +97,12 @@ def bind(p: Problem, config=None) -> Launch:
     device = p.device.index if p.device.index is not None else torch.cuda.current_device()
     tokens: list = []  # the plan's token, from the first call's operands
 
+    bias = p.c == "bias"
+
     def launch(a, b, c, out):
         stream = torch._C._cuda_getCurrentRawStream(device)
+        if bias:
+            c = c.contiguous()  # cuBLASLt reads the bias vector with unit stride
         if not tokens:
             layout = (p, a.stride(), b.stride(), None if c is None else c.stride(),
                       a.data_ptr() % 16, b.data_ptr() % 16,
@@ -96,20 +114,20 @@ def bind(p: Problem, config=None) -> Launch:
         if entry is None:
             entry = _plans[token] = [*plan(p, a, b, c, stream), pointers]
             while len(_plans) > PLANS_KEPT:
-                _plans.popitem(last=False)[1][0].free()
+                _free(_plans.popitem(last=False)[1][0])
         else:
             _plans.move_to_end(token)
             # New operands for a planned problem. The same addresses need no reset: the plan
             # holds the tensors it last ran on, so that memory is what these views are.
             if entry[2] != pointers:
-                if p.c == "bias":
+                if bias:
                     entry[0].reset_operands_unchecked(a=b.T, b=a.T, epilog_inputs={"bias": c})
                 else:
                     entry[0].reset_operands_unchecked(a=a, b=b, c=c)
                 entry[2] = pointers
         mm, _last[0], _ = entry
         d = mm.execute(stream=stream)
-        if p.c == "bias":
+        if bias:
             d = d.T
         return d if out is None else out.copy_(d)
 

@@ -79,6 +79,24 @@ def test_a_bound_signature_reads_each_calls_operands(backend, c_kind, rng):
     assert_matches_reference(gemm(a, b, c, activation="relu", backend=backend), a, b, c, "relu")
 
 
+def test_cublaslt_drops_a_plan_whose_last_run_was_captured(rng):
+    """A plan last executed inside a CUDA graph capture cannot release its workspace the
+    usual way (nvmath waits on an event that was only captured): pushing it out of the plan
+    cache must neither fail nor disturb the GEMMs around it."""
+    from backends import cublaslt
+
+    a, b, c = random_inputs(64, 64, 64, torch.float16, "cuda", "full", rng)
+    gemm(a, b, c, backend="cublaslt")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        d = gemm(a, b, c, backend="cublaslt")
+    graph.replay()
+    for n in range(65, 66 + cublaslt.PLANS_KEPT):  # new problems push that plan out
+        x, y, z = random_inputs(n, n, n, torch.float16, "cuda", "full", rng)
+        assert_matches_reference(gemm(x, y, z, backend="cublaslt"), x, y, z, None)
+    assert_matches_reference(d, a, b, c, None)
+
+
 @pytest.mark.parametrize("backend", [b.name for b in backends.LADDER])
 def test_launches_follow_torchs_current_stream(backend, rng):
     """Inputs written by a long copy on a side stream must be seen by the GEMM queued after

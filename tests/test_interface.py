@@ -15,6 +15,11 @@ from backends.registry import CUDA_KERNELS
 
 DEVICE = "cuda" if HAS_GPU else "cpu"
 RUNNING = [s.name for s in backends.available() if s.runs]
+# Each backend's tensors: fp32 where it takes fp32, else its first dtype (the tensor-core
+# rungs take fp16/bf16 only).
+ON = {name: {"device": DEVICE, "dtype": torch.float32 if torch.float32 in
+             backends.BACKENDS[name].dtypes else backends.BACKENDS[name].dtypes[0]}
+      for name in RUNNING}
 LADDER_ORDER = [b.name for b in backends.LADDER]  # the registry is the one list
 REPOSITORY = Path(__file__).resolve().parent.parent
 
@@ -71,53 +76,53 @@ def test_unknown_backend_lists_the_known_ones(rng):
 @pytest.mark.parametrize("backend", RUNNING)
 class TestBadInput:
     def test_non_2d(self, backend, rng):
-        a, b, _ = random_inputs(4, 5, 6, device=DEVICE, generator=rng)
+        a, b, _ = random_inputs(4, 5, 6, generator=rng, **ON[backend])
         with pytest.raises(ValueError, match="must be 2-D"):
             gemm(a[None], b, backend=backend)
         with pytest.raises(ValueError, match="must be 2-D"):
             gemm(a, b[0], backend=backend)
 
     def test_inner_dimensions_differ(self, backend, rng):
-        a, _, _ = random_inputs(4, 5, 6, device=DEVICE, generator=rng)
-        b = torch.randn(7, 5, generator=rng).to(DEVICE)
+        a, _, _ = random_inputs(4, 5, 6, generator=rng, **ON[backend])
+        b = torch.randn(7, 5, generator=rng).to(**ON[backend])
         with pytest.raises(ValueError, match="inner dimensions differ: A is 4x6 but B is 7x5"):
             gemm(a, b, backend=backend)
 
     @pytest.mark.parametrize("c_shape", [(5,), (6, 4), (1, 6), (4,), (4, 6, 1)])
     def test_c_of_wrong_shape(self, backend, c_shape, rng):
-        a, b, _ = random_inputs(4, 6, 5, device=DEVICE, generator=rng)
+        a, b, _ = random_inputs(4, 6, 5, generator=rng, **ON[backend])
         with pytest.raises(ValueError, match=r"C must be \(4, 6\) or a bias of shape \(6,\)"):
-            gemm(a, b, torch.zeros(c_shape, device=DEVICE) + 1, backend=backend)
+            gemm(a, b, torch.zeros(c_shape, **ON[backend]) + 1, backend=backend)
 
     def test_out_of_wrong_shape(self, backend, rng):
-        a, b, _ = random_inputs(4, 6, 5, device=DEVICE, generator=rng)
+        a, b, _ = random_inputs(4, 6, 5, generator=rng, **ON[backend])
         with pytest.raises(ValueError, match=r"out must have shape \(4, 6\)"):
-            gemm(a, b, backend=backend, out=torch.empty(6, 4, device=DEVICE))
+            gemm(a, b, backend=backend, out=torch.empty(6, 4, **ON[backend]))
 
     def test_unknown_activation(self, backend, rng):
-        a, b, c = random_inputs(4, 6, 5, device=DEVICE, generator=rng)
+        a, b, c = random_inputs(4, 6, 5, generator=rng, **ON[backend])
         with pytest.raises(ValueError, match="activation must be one of"):
             gemm(a, b, c, activation="gelu", backend=backend)
 
     def test_not_a_tensor(self, backend, rng):
-        a, b, _ = random_inputs(4, 6, 5, device=DEVICE, generator=rng)
+        a, b, _ = random_inputs(4, 6, 5, generator=rng, **ON[backend])
         with pytest.raises(TypeError, match="b must be a torch.Tensor, got list"):
             gemm(a, b.tolist(), backend=backend)
 
     def test_mixed_dtypes(self, backend, rng):
-        a, b, c = random_inputs(4, 6, 5, device=DEVICE, generator=rng)
-        with pytest.raises(TypeError, match="share one dtype.*c: torch.float16"):
-            gemm(a, b, c.half(), backend=backend)
+        a, b, c = random_inputs(4, 6, 5, generator=rng, **ON[backend])
+        with pytest.raises(TypeError, match="share one dtype.*c: torch.float64"):
+            gemm(a, b, c.double(), backend=backend)
 
     def test_unsupported_dtype(self, backend, rng):
-        a, b, _ = random_inputs(4, 6, 5, device=DEVICE, generator=rng)
+        a, b, _ = random_inputs(4, 6, 5, generator=rng, **ON[backend])
         with pytest.raises(TypeError, match=f"backend '{backend}' supports .*got torch.float64"):
             gemm(a.double(), b.double(), backend=backend)
         with pytest.raises(TypeError, match="got torch.int32"):
             gemm(a.int(), b.int(), backend=backend)
 
     def test_tensors_on_different_devices(self, backend, rng):
-        a, b, _ = random_inputs(4, 6, 5, device=DEVICE, generator=rng)
+        a, b, _ = random_inputs(4, 6, 5, generator=rng, **ON[backend])
         with pytest.raises(ValueError, match="one device.*b: meta"):
             gemm(a, b.to("meta"), backend=backend)
 
@@ -128,25 +133,25 @@ class TestBadInput:
             gemm(a, b, backend=backend)
 
     def test_out_overlapping_an_input(self, backend, rng):
-        a, b, _ = random_inputs(6, 6, 6, device=DEVICE, generator=rng)
+        a, b, _ = random_inputs(6, 6, 6, generator=rng, **ON[backend])
         with pytest.raises(ValueError, match="out overlaps a"):
             gemm(a, b, backend=backend, out=a)
-        rows = torch.randn(12, 6, generator=rng).to(DEVICE)
+        rows = torch.randn(12, 6, generator=rng).to(**ON[backend])
         with pytest.raises(ValueError, match="out overlaps c"):
             gemm(a, b, rows[6:], backend=backend, out=rows[3:9])
 
     def test_out_overlapping_itself_is_refused(self, backend, rng):
-        a, b, _ = random_inputs(4, 6, 5, device=DEVICE, generator=rng)
-        rows_alike = torch.zeros(6, device=DEVICE).expand(4, 6)  # every row the same memory
+        a, b, _ = random_inputs(4, 6, 5, generator=rng, **ON[backend])
+        rows_alike = torch.zeros(6, **ON[backend]).expand(4, 6)  # every row the same memory
         with pytest.raises(ValueError, match="out must not overlap itself"):
             gemm(a, b, backend=backend, out=rows_alike)
-        folded = torch.zeros(30, device=DEVICE).as_strided((4, 6), (3, 1))  # rows overlap
+        folded = torch.zeros(30, **ON[backend]).as_strided((4, 6), (3, 1))  # rows overlap
         with pytest.raises(ValueError, match="out must not overlap itself"):
             gemm(a, b, backend=backend, out=folded)
-        assert torch.equal(rows_alike, torch.zeros(4, 6, device=DEVICE))  # nothing written
+        assert torch.equal(rows_alike, torch.zeros(4, 6, **ON[backend]))  # nothing written
 
     def test_tf32_only_where_it_applies(self, backend, rng):
-        a, b, _ = random_inputs(4, 6, 5, device=DEVICE, generator=rng)
+        a, b, _ = random_inputs(4, 6, 5, generator=rng, **ON[backend])
         impl = backends.BACKENDS[backend]
         if impl.tf32 and a.is_cuda:
             gemm(a, b, backend=backend, allow_tf32=True)  # accepted
@@ -158,7 +163,7 @@ class TestBadInput:
                 gemm(a.half(), b.half(), backend=backend, allow_tf32=True)
 
     def test_grad_only_through_differentiable_backends(self, backend, rng):
-        a, b, _ = random_inputs(4, 6, 5, device=DEVICE, generator=rng)
+        a, b, _ = random_inputs(4, 6, 5, generator=rng, **ON[backend])
         a.requires_grad_(True)
         if backends.BACKENDS[backend].differentiable:
             gemm(a, b, backend=backend).sum().backward()
@@ -174,13 +179,13 @@ class TestBadInput:
 @pytest.mark.parametrize("m,n,k", [(0, 5, 3), (4, 0, 3), (0, 0, 0), (4, 5, 0)])
 @pytest.mark.parametrize("c_kind", ["full", "bias", None])
 def test_empty_dimensions_give_the_exact_answer(backend, m, n, k, c_kind, rng):
-    a, b, c = random_inputs(m, n, k, device=DEVICE, c_kind=c_kind, generator=rng)
+    a, b, c = random_inputs(m, n, k, c_kind=c_kind, generator=rng, **ON[backend])
     for activation in (None, "relu"):
         d = gemm(a, b, c, activation=activation, backend=backend)
         assert d.shape == (m, n) and d.dtype == a.dtype and d.device == a.device
         expected = backends.reference(a, b, c, activation)  # zeros, C, or ReLU(C) when K = 0
         assert torch.equal(d.double(), expected)
-        out = torch.full((m, n), float("nan"), device=DEVICE)
+        out = torch.full((m, n), float("nan"), **ON[backend])
         assert gemm(a, b, c, activation=activation, backend=backend, out=out) is out
         assert torch.equal(out.double(), expected)
 
@@ -191,13 +196,13 @@ def test_non_contiguous_inputs_and_out(backend, c_kind, rng):
     m, n, k = 19, 23, 29
 
     def randn(*shape):
-        return torch.randn(shape, generator=rng).to(DEVICE)
+        return torch.randn(shape, generator=rng).to(**ON[backend])
 
     a = randn(k, m).t()  # transposed view
     b = randn(n + 7, k).t()[:, 3:3 + n]  # transposed, then a column slice
     c = {"full": lambda: randn(n, m).t(), "bias": lambda: randn(2 * n)[::2],
          None: lambda: None}[c_kind]()
-    out = torch.full((n, m), float("nan"), device=DEVICE).t()
+    out = torch.full((n, m), float("nan"), **ON[backend]).t()
     assert not (a.is_contiguous() or b.is_contiguous() or out.is_contiguous())
     assert gemm(a, b, c, activation="relu", backend=backend, out=out) is out
     assert_matches_reference(out, a, b, c, "relu")
@@ -205,9 +210,9 @@ def test_non_contiguous_inputs_and_out(backend, c_kind, rng):
 
 @pytest.mark.parametrize("backend", RUNNING)
 def test_out_receives_d_and_inputs_are_untouched(backend, rng):
-    a, b, c = random_inputs(33, 17, 9, device=DEVICE, generator=rng)
+    a, b, c = random_inputs(33, 17, 9, generator=rng, **ON[backend])
     copies = [t.clone() for t in (a, b, c)]
-    out = torch.full((33, 17), float("nan"), device=DEVICE)
+    out = torch.full((33, 17), float("nan"), **ON[backend])
     assert gemm(a, b, c, activation="relu", backend=backend, out=out) is out
     assert_matches_reference(out, a, b, c, "relu")
     assert all(torch.equal(x, y) for x, y in zip((a, b, c), copies))
@@ -218,7 +223,7 @@ def test_a_signature_changed_in_place_is_bound_again(backend, rng):
     """A binding is for a signature, not for tensor objects: the same objects changed in
     place (transposed, requiring grad, resized) are checked and bound again, never launched
     with the old binding."""
-    a, b, c = random_inputs(6, 6, 6, device=DEVICE, generator=rng)
+    a, b, c = random_inputs(6, 6, 6, generator=rng, **ON[backend])
     assert_matches_reference(gemm(a, b, c, backend=backend), a, b, c, None)
     a.t_()  # strides (1, 6) now
     assert_matches_reference(gemm(a, b, c, backend=backend), a, b, c, None)
@@ -237,7 +242,7 @@ def test_a_signature_changed_in_place_is_bound_again(backend, rng):
 def test_one_tensor_in_several_places_binds_once(backend, rng):
     from backends import api
 
-    a, _, _ = random_inputs(8, 8, 8, device=DEVICE, generator=rng)
+    a, _, _ = random_inputs(8, 8, 8, generator=rng, **ON[backend])
     for _ in range(3):
         assert_matches_reference(gemm(a, a, a, activation="relu", backend=backend),
                                  a, a, a, "relu")
@@ -263,8 +268,8 @@ def test_every_call_runs_in_an_nvtx_range_named_after_the_backend(monkeypatch, r
             open_ranges.pop()
 
     monkeypatch.setattr(profiling.nvtx, "domain", Recorder())
-    a, b, c = random_inputs(5, 6, 7, device=DEVICE, generator=rng)
     for backend in RUNNING:
+        a, b, c = random_inputs(5, 6, 7, generator=rng, **ON[backend])
         gemm(a, b, c, activation="relu", backend=backend)
         gemm(a, b, c, activation="relu", backend=backend)  # the bound signature: same range
     assert pushed == [name for name in RUNNING for _ in range(2)]
@@ -277,8 +282,9 @@ def test_every_call_runs_in_an_nvtx_range_named_after_the_backend(monkeypatch, r
        activation=st.sampled_from([None, "relu"]), seed=st.integers(0, 2**31 - 1))
 def test_random_shapes_match_float64_on_every_running_backend(m, n, k, c_kind, activation, seed):
     gen = torch.Generator().manual_seed(seed)
-    a, b, c = random_inputs(m, n, k, device=DEVICE, c_kind=c_kind, generator=gen)
+    inputs = random_inputs(m, n, k, c_kind=c_kind, generator=gen)
     for backend in RUNNING:
+        a, b, c = (None if t is None else t.to(**ON[backend]) for t in inputs)
         d = gemm(a, b, c, activation=activation, backend=backend)
         assert_matches_reference(d, a, b, c, activation)
 
