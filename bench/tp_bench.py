@@ -25,6 +25,10 @@ timed (``ms`` None).
   and ``overlap_efficiency`` = (compute + communication - overlapped) / min(compute,
   communication), the share of the smaller of the two. (Result files before this rule used
   the serial layer's time in place of compute + communication.)
+- with ``sequence_parallel``: ``sp mlp`` forward+backward, the block on this rank's token
+  block (checked on its block of the output and of dX, and every gradient), and the
+  overlap rows ``sp column`` (AG+GEMM) and ``sp row`` (GEMM+RS), see
+  ``sequence_parallel_rows``.
 """
 
 from __future__ import annotations
@@ -65,23 +69,28 @@ def _grads(y, inputs, grad_out):
 
 def run(world, comm, self_comm, device: torch.device, dtype_name: str, tokens: int,
         hidden: int, ratio: float, backend: str, chunks: int, iters: int, warmup: int,
-        seed: int = 0, sm_margin: int = 0,
+        seed: int = 0, sm_margin: int = 0, sequence_parallel: bool = False,
         record: Callable[[dict], None] | None = None) -> list[dict]:
     """All rows; collective over ``world`` (= the TP group ``comm``). ``self_comm`` is a
     one-rank communicator for the TP = 1 runs; ``sm_margin`` is the TP layers' (the TP = 1
     block has nothing to overlap and uses none). ``dtype_name``: one of
-    ``backends.dtypes.TP``, whose tolerance the checks use. ``record``, when given, is
-    called with each row as soon as it is finished.
+    ``backends.dtypes.TP``, whose tolerance the checks use. ``sequence_parallel`` adds the
+    sequence-parallel rows (``sequence_parallel_rows`` and the SP block). ``record``, when
+    given, is called with each row as soon as it is finished.
 
     Raises:
-        ValueError: ratio * hidden not a whole number, or not a multiple of the TP size; a
-            dtype outside ``backends.dtypes.TP``.
+        ValueError: ratio * hidden not a whole number, or not a multiple of the TP size; with
+            ``sequence_parallel``, tokens not a multiple of the TP size; a dtype outside
+            ``backends.dtypes.TP``.
     """
     p, r = comm.size, comm.rank
     inner = hidden * ratio
     if inner != int(inner) or int(inner) % p:
         raise ValueError(f"ratio * hidden = {inner} must be a whole multiple of the TP size {p}")
     inner = int(inner)
+    if sequence_parallel and tokens % p:
+        raise ValueError(f"sequence parallelism needs the tokens ({tokens}) divisible by the "
+                         f"TP size {p}")
     spec = dtypes.parse(dtype_name, dtypes.TP)
     dtype, tol = spec.torch, spec.tolerance
     torch.manual_seed(seed)  # the same masters and data on every rank (CPU and CUDA RNGs)
@@ -114,11 +123,12 @@ def run(world, comm, self_comm, device: torch.device, dtype_name: str, tokens: i
     n, k = inner // p, inner // p
     cols, rows_ = slice(r * n, (r + 1) * n), slice(r * k, (r + 1) * k)
 
-    def layers(group, overlap):
+    def layers(group, overlap, sp=False):
         kw = {"backend": backend, "overlap": overlap, "device": device, "dtype": dtype,
-              "sm_margin": sm_margin if group.size > 1 else 0}
+              "sm_margin": sm_margin if group.size > 1 else 0, "chunks": chunks,
+              "sequence_parallel": sp}
         return (ColumnParallelLinear(hidden, inner, group, activation="relu", master=fc1, **kw),
-                RowParallelLinear(inner, hidden, group, master=fc2, chunks=chunks, **kw))
+                RowParallelLinear(inner, hidden, group, master=fc2, **kw))
 
     col, row = layers(comm, overlap=True)
     col_serial, row_serial = layers(comm, overlap=False)
@@ -178,6 +188,31 @@ def run(world, comm, self_comm, device: torch.device, dtype_name: str, tokens: i
                      (c.bias.grad, ref_block[2][shard]),
                      (rw.weight.grad, ref_block[3].t()[shard]), (rw.bias.grad, ref_block[4]))
         add("mlp", "forward+backward", tokens, inner, hidden, error, block, tp=group.size)
+    if sequence_parallel and p > 1:
+        # The block on this rank's token block: SP column (AG+GEMM) then SP row (GEMM+RS).
+        col_sp, row_sp = layers(comm, overlap=True, sp=True)
+        t = tokens // p
+        mine = slice(r * t, (r + 1) * t)
+
+        def sp_block():
+            xb = xd.detach()[mine].requires_grad_(True)
+            y = row_sp(col_sp(xb))
+            y.backward(grad2[mine])
+            return y, xb.grad
+
+        for param in (col_sp.weight, col_sp.bias, row_sp.weight, row_sp.bias):
+            param.grad = None
+        y, dx = sp_block()
+        error = _err((y, ref_out[mine]), (dx, ref_block[0][mine]),
+                     (col_sp.weight.grad, ref_block[1].t()[:, cols]),
+                     (col_sp.bias.grad, ref_block[2][cols]),
+                     (row_sp.weight.grad, ref_block[3].t()[rows_]),
+                     (row_sp.bias.grad, ref_block[4]))
+        add("sp mlp", "forward+backward", tokens, inner, hidden, error, sp_block)
+        result += sequence_parallel_rows(
+            world, comm, device, dtype_name, tol, iters, warmup,
+            ((col_sp, row_sp), layers(comm, overlap=False, sp=True)), xd.detach(),
+            hr.detach()[:, rows_].to(dtype), (h[:, cols], out, fc2.bias), on_row=record)
     if p > 1:
         result += overlap_rows(world, comm, device, dtype_name, tol, xd.detach(), hd.detach(),
                                grad1, (col, col_serial, row, row_serial), iters, warmup,
@@ -185,6 +220,25 @@ def run(world, comm, self_comm, device: torch.device, dtype_name: str, tokens: i
                                      (ref_dx1, ref_dw1.t()[:, cols], ref_db1[cols])),
                                on_row=record)
     return result
+
+
+def _overlap_row(world, comm, device, dtype_name, tol, iters, warmup, row: dict, checks,
+                 timed) -> dict:
+    """An overlap row: ``checks``, the error of each piece, agreed over the ranks; when all
+    pass, ``timed`` (compute alone, communication alone, serial, overlapped) are timed and
+    the shares computed (module doc)."""
+    error = _agreed(max(checks), world)
+    row = {**row, "tp": comm.size, "dtype": dtype_name, "max_rel_err": error,
+           "ok": error <= tol, "compute_ms": None, "comm_ms": None, "serial_ms": None,
+           "overlapped_ms": None, "overlap_efficiency": None, "comm_hidden": None}
+    if row["ok"]:
+        compute, comm_ms, serial, overlapped = (_ms(fn, iters, warmup, device, world)
+                                                for fn in timed)
+        comm_hidden, efficiency = shares(compute, comm_ms, overlapped)
+        row.update(compute_ms=compute, comm_ms=comm_ms, serial_ms=serial,
+                   overlapped_ms=overlapped, comm_hidden=comm_hidden,
+                   overlap_efficiency=efficiency)
+    return row
 
 
 def shares(compute: float, comm: float, overlapped: float) -> tuple[float, float]:
@@ -210,6 +264,99 @@ def _column_check(col, xd, grad_y, ref_y, ref_grads, forward=True) -> tuple[floa
     return (_err((y, ref_y)) if forward else 0.0), _err(*zip((dx, dw, db), ref_grads))
 
 
+def sequence_parallel_rows(world, comm, device, dtype_name, tol, iters, warmup, layers_, xd,
+                           hd, refs, on_row: Callable[[dict], None] | None = None
+                           ) -> list[dict]:
+    """The two decomposed overlaps of sequence parallelism (``tp.overlap``), each as compute
+    alone, communication alone, serial and overlapped, checked before timed:
+
+    - ``sp column`` forward, AG+GEMM: the chunk GEMMs on the already gathered input, the
+      chunk all-gathers of this rank's token block, the layer with overlap off and on;
+    - ``sp row`` forward, GEMM+RS: the chunk GEMMs of every token's partial product, the
+      chunk reduce-scatters of those, the layer with overlap off and on.
+
+    ``layers_``: ((column, row) with overlap on, the same with it off), all sequence
+    parallel. ``xd``: fc1's input for every token; ``hd``: fc2's input, every token, this
+    rank's block of columns, both in the layers' dtype. ``refs``: fc1's fp32 output (this
+    rank's columns), fc2's fp32 output, fc2's bias.
+    """
+    (col, row), (col_serial, row_serial) = layers_
+    ref_h, ref_out, bias = refs
+    p, r = comm.size, comm.rank
+    t = xd.shape[0] // p
+    mine = slice(r * t, (r + 1) * t)
+    block = xd[mine].contiguous()
+    bounds = chunk_bounds(t, row.chunks)
+    pieces = [(bounds[i], bounds[i + 1]) for i in range(row.chunks) if bounds[i] < bounds[i + 1]]
+    stream = comm_stream(device) if device.type == "cuda" else None
+    out = []
+
+    def record(layer, m, n, k, checks, timed):
+        out.append(_overlap_row(world, comm, device, dtype_name, tol, iters, warmup,
+                                {"layer": layer, "phase": "forward", "M": m, "N": n, "K": k,
+                                 "chunks": row.chunks, "sm_margin": row.sm_margin},
+                                checks, timed))
+        if on_row is not None:
+            on_row(out[-1])
+
+    def each_rank_rows():  # (rank q's rows lo..hi of every token block, piece i)
+        return ((i, q, lo, hi) for i, (lo, hi) in enumerate(pieces) for q in range(p))
+
+    # AG+GEMM: the GEMMs as the layer runs them, on the gathered input; the all-gathers.
+    y = torch.empty(xd.shape[0], col.weight.shape[1], dtype=xd.dtype, device=device)
+    gathered: list = []
+
+    @torch.no_grad()
+    def ag_gemms():
+        for _, q, lo, hi in each_rank_rows():
+            rows = slice(q * t + lo, q * t + hi)
+            backends.gemm(xd[rows], col.weight, col.bias, activation="relu",
+                          backend=col.backend, out=y[rows])
+
+    def ag_comm():
+        gathered[:] = [comm.all_gather(block[lo:hi].contiguous(), stream=stream)
+                       for lo, hi in pieces]
+
+    with torch.no_grad():
+        ag_gemms()
+        ag_comm()
+        checks = [_err((y, ref_h))]
+        checks += [_err((gathered[i][q * (hi - lo):(q + 1) * (hi - lo)],
+                         xd[q * t + lo:q * t + hi])) for i, q, lo, hi in each_rank_rows()]
+        checks += [_err((col_serial(block), ref_h)), _err((col(block), ref_h))]
+    record("sp column", xd.shape[0], col.weight.shape[1], xd.shape[1], checks,
+           (ag_gemms, ag_comm, torch.no_grad()(lambda: col_serial(block)),
+            torch.no_grad()(lambda: col(block))))
+
+    # GEMM+RS: every token's partial product chunk by chunk; the reduce-scatters.
+    parts = [torch.empty(p * (hi - lo), row.out_features, dtype=hd.dtype, device=device)
+             for lo, hi in pieces]
+    reduced = torch.empty(t, row.out_features, dtype=hd.dtype, device=device)
+
+    @torch.no_grad()
+    def rs_gemms():
+        for i, q, lo, hi in each_rank_rows():
+            backends.gemm(hd[q * t + lo:q * t + hi], row.weight, backend=row.backend,
+                          out=parts[i][q * (hi - lo):(q + 1) * (hi - lo)])
+
+    def rs_comm():
+        for (lo, hi), part in zip(pieces, parts):
+            comm.reduce_scatter(part, out=reduced[lo:hi], stream=stream)
+
+    with torch.no_grad():
+        rs_gemms()
+        partial = hd.float() @ row.weight.float()
+        checks = [_err((parts[i][q * (hi - lo):(q + 1) * (hi - lo)],
+                        partial[q * t + lo:q * t + hi])) for i, q, lo, hi in each_rank_rows()]
+        rs_comm()
+        checks += [_err((reduced, ref_out[mine] - bias)), _err((row_serial(hd), ref_out[mine])),
+                   _err((row(hd), ref_out[mine]))]
+    record("sp row", xd.shape[0], row.out_features, hd.shape[1], checks,
+           (rs_gemms, rs_comm, torch.no_grad()(lambda: row_serial(hd)),
+            torch.no_grad()(lambda: row(hd))))
+    return out
+
+
 def overlap_rows(world, comm, device, dtype_name, tol, xd, hd, grad_y, layers_, iters,
                  warmup, refs, on_row: Callable[[dict], None] | None = None) -> list[dict]:
     """Compute alone, communication alone, serial and overlapped, for both overlaps, each
@@ -227,23 +374,11 @@ def overlap_rows(world, comm, device, dtype_name, tol, xd, hd, grad_y, layers_, 
     out = []
 
     def record(layer, phase, m, n, k, chunks, checks, timed):
-        """``checks``: the error of each piece; ``timed``: its call, timed if all pass."""
-        error = _agreed(max(checks), world)
-        row_ = {"layer": layer, "phase": phase, "tp": comm.size, "M": m, "N": n, "K": k,
-                "dtype": dtype_name, "chunks": chunks, "sm_margin": row.sm_margin,
-                "max_rel_err": error, "ok": error <= tol, "compute_ms": None, "comm_ms": None,
-                "serial_ms": None, "overlapped_ms": None, "overlap_efficiency": None,
-                "comm_hidden": None}
-        if row_["ok"]:
-            times = [_ms(fn, iters, warmup, device, world) for fn in timed]
-            compute, comm_ms, serial, overlapped = times
-            comm_hidden, efficiency = shares(compute, comm_ms, overlapped)
-            row_.update(compute_ms=compute, comm_ms=comm_ms, serial_ms=serial,
-                        overlapped_ms=overlapped, comm_hidden=comm_hidden,
-                        overlap_efficiency=efficiency)
-        out.append(row_)
+        out.append(_overlap_row(world, comm, device, dtype_name, tol, iters, warmup,
+                                {"layer": layer, "phase": phase, "M": m, "N": n, "K": k,
+                                 "chunks": chunks, "sm_margin": row.sm_margin}, checks, timed))
         if on_row is not None:
-            on_row(row_)
+            on_row(out[-1])
 
     stream = comm_stream(device) if device.type == "cuda" else None
 

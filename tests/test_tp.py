@@ -10,7 +10,8 @@ from test_comm import PROGRAMS, mpirun, needs_mpi
 pytestmark = needs_mpi
 
 
-@pytest.mark.parametrize("ranks,comm", [(2, "mpi"), (4, "mpi"), (2, "ring")])
+@pytest.mark.parametrize("ranks,comm", [(2, "mpi"), (4, "mpi"), (2, "ring"), (2, "symm"),
+                                        (4, "symm")])
 def test_layers_match_the_dense_layers(ranks, comm):
     result = mpirun(ranks, str(PROGRAMS / "layers.py"), "--comm", comm)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -46,6 +47,30 @@ def test_gemmlab_tp_on_cpu(tmp_path):
         assert r["ok"] and r["max_rel_err"] <= 1e-5
         assert min(r[k] for k in ("compute_ms", "comm_ms", "serial_ms", "overlapped_ms")) > 0
         assert r["chunks"] == (4 if r["layer"] == "row" else 1) and r["sm_margin"] == 0
+
+
+@pytest.mark.parametrize("comm", ["symm", "mpi"])
+def test_gemmlab_tp_sequence_parallel_rows_on_cpu(tmp_path, comm):
+    """The SP block and the decomposed overlaps (AG+GEMM, GEMM+RS), each checked before
+    it is timed; a token count the TP size does not divide is a usage error."""
+    result = mpirun(2, "-m", "bench.cli", "tp", "--device", "cpu", "--tokens", "96",
+                    "--hidden", "32", "--iters", "2", "--warmup-iters", "1", "--comm", comm,
+                    "--sequence-parallel", "--out", str(tmp_path / "run"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = json.loads((tmp_path / "run" / "results.json").read_text())["rows"]
+    sp = {(r["layer"], r["phase"]): r for r in rows if r["layer"].startswith("sp ")}
+    assert set(sp) == {("sp mlp", "forward+backward"), ("sp column", "forward"),
+                       ("sp row", "forward")}
+    assert sp["sp mlp", "forward+backward"]["ms"] > 0
+    for r in sp.values():
+        assert r["ok"] and r["max_rel_err"] <= 1e-5
+    for key in (("sp column", "forward"), ("sp row", "forward")):
+        assert min(sp[key][k] for k in ("compute_ms", "comm_ms", "serial_ms",
+                                        "overlapped_ms")) > 0
+    odd = mpirun(2, "-m", "bench.cli", "tp", "--device", "cpu", "--tokens", "95",
+                 "--hidden", "32", "--sequence-parallel", "--comm", comm)
+    assert odd.returncode == 2
+    assert "--tokens (95) divisible by the TP size 2" in odd.stdout + odd.stderr
 
 
 def test_hidden_share_counts_what_overlap_saved_of_compute_plus_comm():

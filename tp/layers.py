@@ -13,6 +13,10 @@ With P TP ranks and Y = X W + b (W of shape (in, out), the transpose of ``nn.Lin
   is added once. With ``overlap`` the rows of X are processed in ``chunks``: the all-reduce of
   chunk i runs while the GEMM of chunk i+1 computes. The chunking is the same with overlap
   off, so both give identical results.
+- With ``sequence_parallel`` (Korthikanti et al. 2022) activations between the layers hold
+  each rank's block of the tokens: the column layer all-gathers its input into its GEMM
+  and the row layer reduce-scatters its output, both decomposed into chunks that overlap
+  (AG+GEMM and GEMM+RS, ``tp.overlap``), forward and backward.
 
 The local GEMMs go through ``backends.gemm`` (the backend is a constructor argument; a
 column-parallel layer with ``activation="relu"`` uses the fused bias + ReLU epilogue). Both
@@ -32,6 +36,7 @@ from profiling.nvtx import annotate
 
 from .comm.ring import chunk_bounds
 from .functional import comm_stream, gather_from_tp, replicated, scatter_to_tp
+from .overlap import all_gather_gemm, gemm_reduce_scatter
 
 
 @contextlib.contextmanager
@@ -71,9 +76,11 @@ class _TPLinear(nn.Module):
     """What both layers share: the shard, its checks, and the communication switches."""
 
     def __init__(self, in_features, out_features, comm, split: str, bias, backend, overlap,
-                 sm_margin, master, device, dtype, name, sequence_parallel):
+                 sm_margin, master, device, dtype, name, sequence_parallel, chunks):
         super().__init__()
-        self.sequence_parallel = sequence_parallel
+        if chunks < 1:
+            raise ValueError(f"chunks must be >= 1; got {chunks}")
+        self.sequence_parallel, self.chunks = sequence_parallel, chunks
         self.name = name or type(self).__name__
         p = comm.size
         if sm_margin < 0:
@@ -147,9 +154,13 @@ class ColumnParallelLinear(_TPLinear):
             default the class name.
         sequence_parallel: Megatron-LM's sequence parallelism (Korthikanti et al. 2022,
             arXiv:2205.05198, sec. 4.2.2): the input is this rank's block of the tokens,
-            (T / P, in_features) after flattening, all-gathered before the GEMM; in backward
-            the partial dX is reduce-scattered back to the rank's block (instead of
-            all-reduced), overlapping the dW GEMM when ``overlap``.
+            (T / P, in_features) after flattening, all-gathered into the GEMM (AG+GEMM,
+            ``tp.overlap``); in backward the partial dX is reduce-scattered back to the
+            rank's block (GEMM+RS) instead of all-reduced. With ``overlap`` each chunk's
+            all-gather or reduce-scatter runs while the neighbouring chunk computes, and
+            the last reduce-scatters while the dW GEMM does.
+        chunks: with ``sequence_parallel``, the chunks each token block is cut into for
+            AG+GEMM and GEMM+RS (the same with overlap on or off).
 
     Input (..., in_features), replicated on every TP rank; with ``sequence_parallel`` this
     rank's block of the tokens.
@@ -165,14 +176,14 @@ class ColumnParallelLinear(_TPLinear):
                  activation: str | None = None, gather_output: bool = False,
                  backend: str = "cublas", overlap: bool = True, sm_margin: int = 0,
                  master: nn.Linear | None = None, device=None, dtype=None,
-                 name: str | None = None, sequence_parallel: bool = False):
+                 name: str | None = None, sequence_parallel: bool = False, chunks: int = 4):
         if activation not in (None, "relu"):
             raise ValueError(f"activation must be None or 'relu'; got {activation!r}")
         if gather_output and sequence_parallel:
             raise ValueError("gather_output and sequence_parallel exclude each other: the "
                              "output of a sequence-parallel column layer has every token")
         super().__init__(in_features, out_features, comm, "columns", bias, backend, overlap,
-                         sm_margin, master, device, dtype, name, sequence_parallel)
+                         sm_margin, master, device, dtype, name, sequence_parallel, chunks)
         self.activation, self.gather_output = activation, gather_output
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -199,15 +210,17 @@ class RowParallelLinear(_TPLinear):
             a column-parallel layer produces); otherwise the full input is sliced here.
         backend: ``backends.gemm`` backend of the local GEMMs.
         overlap: overlap each chunk's all-reduce with the next chunk's GEMM.
-        chunks: row chunks of the forward GEMM (the same with overlap on or off).
+        chunks: row chunks of the forward GEMM (with ``sequence_parallel``, of each token
+            block, in GEMM+RS forward and AG+GEMM backward); the same with overlap on or off.
         sm_margin: SMs the forward chunk GEMMs leave free for the all-reduces beside them
             (cuBLAS only; see ``reserve_sms``); applied with overlap on and off alike.
         master, device, dtype, name: as for ``ColumnParallelLinear`` (forward ranges:
             ``compute chunk i`` and the communicator's ``all_reduce`` per chunk).
         sequence_parallel: Megatron-LM's sequence parallelism (see ``ColumnParallelLinear``):
             the partial products are reduce-scattered over the tokens (each rank gets its
-            (T / P, out_features) block, the bias added to it) instead of all-reduced, once
-            after the chunk GEMMs; in backward the gradient is all-gathered first.
+            (T / P, out_features) block, the bias added to it) instead of all-reduced, each
+            chunk's while the next computes (GEMM+RS, ``tp.overlap``); in backward the
+            gradient is all-gathered into the dX GEMM (AG+GEMM).
 
     Raises:
         ValueError: ``in_features`` not a multiple of the TP size; ``chunks`` < 1; ``overlap``
@@ -222,11 +235,9 @@ class RowParallelLinear(_TPLinear):
                  chunks: int = 4, sm_margin: int = 0, master: nn.Linear | None = None,
                  device=None, dtype=None, name: str | None = None,
                  sequence_parallel: bool = False):
-        if chunks < 1:
-            raise ValueError(f"chunks must be >= 1; got {chunks}")
         super().__init__(in_features, out_features, comm, "rows", bias, backend, overlap,
-                         sm_margin, master, device, dtype, name, sequence_parallel)
-        self.input_is_parallel, self.chunks = input_is_parallel, chunks
+                         sm_margin, master, device, dtype, name, sequence_parallel, chunks)
+        self.input_is_parallel = input_is_parallel
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(..., in_features / P) (or (..., in_features) without ``input_is_parallel``) ->
@@ -252,10 +263,14 @@ class _ColumnParallel(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, layer):
         with annotate(f"{layer.name} forward"):
-            if layer.sequence_parallel and layer.comm.size > 1:
-                x = layer.comm.all_gather(x.contiguous())  # (T / P, in) -> (T, in)
-            with annotate("compute Y"):
-                y = gemm(x, weight, bias, activation=layer.activation, backend=layer.backend)
+            if layer.sequence_parallel and layer.comm.size > 1:  # (T / P, in) -> (T, out / P)
+                y, x = all_gather_gemm(x, weight, bias, layer.comm, activation=layer.activation,
+                                       backend=layer.backend, chunks=layer.chunks,
+                                       overlap=layer.overlap)
+            else:
+                with annotate("compute Y"):
+                    y = gemm(x, weight, bias, activation=layer.activation,
+                             backend=layer.backend)
         ctx.layer = layer
         ctx.has_bias = bias is not None
         ctx.save_for_backward(x, weight, y if layer.activation == "relu" else None)
@@ -266,25 +281,24 @@ class _ColumnParallel(torch.autograd.Function):
         x, weight, y = ctx.saved_tensors
         layer = ctx.layer
         with annotate(f"{layer.name} backward"):
-            with annotate("compute dX"):
-                if y is not None:  # through the fused ReLU: its output says where it passed
-                    grad_y = grad_y.masked_fill(y <= 0, 0)
-                grad_y = grad_y.contiguous()
-                grad_x = gemm(grad_y, weight.t(), backend=layer.backend)
+            if y is not None:  # through the fused ReLU: its output says where it passed
+                grad_y = grad_y.masked_fill(y <= 0, 0)
+            grad_y = grad_y.contiguous()
             work = None
             if layer.comm.size > 1 and layer.sequence_parallel:  # partial dX -> own tokens
-                if layer.overlap:
-                    stream = comm_stream(grad_x.device) if grad_x.is_cuda else None
-                    work = layer.comm.reduce_scatter(grad_x, stream=stream, async_op=True)
-                else:
-                    grad_x = layer.comm.reduce_scatter(grad_x)
-            elif layer.comm.size > 1:
+                work = gemm_reduce_scatter(grad_y, weight.t(), layer.comm,
+                                           backend=layer.backend, chunks=layer.chunks,
+                                           overlap=layer.overlap)
+            else:
+                with annotate("compute dX"):
+                    grad_x = gemm(grad_y, weight.t(), backend=layer.backend)
+            if layer.comm.size > 1 and not layer.sequence_parallel:
                 if layer.overlap:
                     work = _async_all_reduce(grad_x, layer.comm)
                 else:
                     layer.comm.all_reduce(grad_x)
             with annotate("compute dW"), reserve_sms(layer.sm_margin, x.device):
-                grad_w = gemm(x.t(), grad_y, backend=layer.backend)  # overlaps the all-reduce
+                grad_w = gemm(x.t(), grad_y, backend=layer.backend)  # overlaps the collective
                 grad_b = grad_y.sum(0) if ctx.has_bias else None
             if work is not None:
                 grad_x = work.wait()
@@ -298,9 +312,15 @@ class _RowParallel(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, layer):
         layer._check_tokens(x.shape[0], "the tokens")
+        ctx.layer = layer
+        ctx.save_for_backward(x, weight)
+        if layer.sequence_parallel and layer.comm.size > 1:  # (T, in / P) -> own (T / P, out)
+            with annotate(f"{layer.name} forward"), reserve_sms(layer.sm_margin, x.device):
+                return gemm_reduce_scatter(x, weight, layer.comm, backend=layer.backend,
+                                           chunks=layer.chunks, overlap=layer.overlap).wait()
         out = torch.empty(x.shape[0], weight.shape[1], dtype=x.dtype, device=x.device)
         bounds = chunk_bounds(x.shape[0], layer.chunks)
-        reduce_chunks = layer.comm.size > 1 and not layer.sequence_parallel
+        reduce_chunks = layer.comm.size > 1
         pending = []
         with annotate(f"{layer.name} forward"):
             for i in range(layer.chunks):
@@ -317,10 +337,6 @@ class _RowParallel(torch.autograd.Function):
                     layer.comm.all_reduce(out[rows])
             for work in pending:
                 work.wait()
-            if layer.sequence_parallel and layer.comm.size > 1:  # (T, out) -> own (T / P, out)
-                out = layer.comm.reduce_scatter(out)
-        ctx.layer = layer
-        ctx.save_for_backward(x, weight)
         return out
 
     @staticmethod
@@ -330,9 +346,12 @@ class _RowParallel(torch.autograd.Function):
         with annotate(f"{layer.name} backward"):
             grad_y = grad_y.contiguous()
             if layer.sequence_parallel and layer.comm.size > 1:  # own tokens -> all of them
-                grad_y = layer.comm.all_gather(grad_y)
-            with annotate("compute dX"):
-                grad_x = gemm(grad_y, weight.t(), backend=ctx.layer.backend)
+                grad_x, grad_y = all_gather_gemm(grad_y, weight.t(), None, layer.comm,
+                                                 backend=layer.backend, chunks=layer.chunks,
+                                                 overlap=layer.overlap)
+            else:
+                with annotate("compute dX"):
+                    grad_x = gemm(grad_y, weight.t(), backend=layer.backend)
             with annotate("compute dW"):
                 grad_w = gemm(x.t(), grad_y, backend=ctx.layer.backend)
         return grad_x, grad_w, None

@@ -40,6 +40,9 @@ def run(args: argparse.Namespace, console: Console) -> int:
         if inner != int(inner) or int(inner) % ranks:
             raise UsageError(f"--ffn-ratio x --hidden = {inner:g} must be a whole multiple of "
                              f"the TP size {ranks}")
+        if args.sequence_parallel and args.tokens % ranks:
+            raise UsageError(f"--sequence-parallel needs --tokens ({args.tokens}) divisible by "
+                             f"the TP size {ranks}")
         check_gemm_backend(args.backend, args.dtype, device_type)
         check_comm(args.comm or default_comm(device_type), args.dtype, device_type)
 
@@ -64,7 +67,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
                         row_printer(console, _describe) if world.Get_rank() == 0 else None)
     tp_bench.run(world, comm, self_comm, device, args.dtype, args.tokens, args.hidden,
                  args.ffn_ratio, args.backend, args.chunks, args.iters, args.warmup_iters,
-                 sm_margin=args.sm_margin, record=recorder.add)
+                 sm_margin=args.sm_margin, sequence_parallel=args.sequence_parallel,
+                 record=recorder.add)
     rows = recorder.rows
     timed = Table(title="TP layers against the dense layers")
     for col in ("layer", "phase", "TP", "M", "N", "K", "dtype", "ms", "max rel err", "check"):
@@ -112,6 +116,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     tpp.add_argument("--ffn-ratio", type=float, default=4, help="MLP expansion: fc1 is "
                      "hidden -> ratio * hidden")
     tpp.add_argument("--dtype", choices=TP, default="fp32")
+    tpp.add_argument("--sequence-parallel", action="store_true",
+                     help="add the sequence-parallel rows: the block on each rank's token "
+                     "block, and AG+GEMM / GEMM+RS as compute, comm, serial, overlapped")
     add_layer_options(tpp, "iterations")
     add_run_options(tpp)
     tpp.set_defaults(func=run)

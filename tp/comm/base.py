@@ -369,6 +369,7 @@ class Communicator(ABC):
             return dst
         return Work(wait) if async_op else wait()
 
+    @torch.no_grad()  # data movement only; on the worker thread grad mode would be on
     def _run_host(self, op, src, dst, stream, reads_in, reads_out, writes_out) -> None:
         """Run a host-driven op; stage CUDA tensors through pinned memory when needed."""
         if not src.is_cuda or self.device_buffers:
