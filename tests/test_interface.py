@@ -127,8 +127,8 @@ class TestBadInput:
             gemm(a, b.to("meta"), backend=backend)
 
     def test_unsupported_device(self, backend):
-        a = torch.empty(4, 5, device="meta")
-        b = torch.empty(5, 6, device="meta")
+        a = torch.empty(4, 5, device="meta", dtype=ON[backend]["dtype"])
+        b = torch.empty(5, 6, device="meta", dtype=ON[backend]["dtype"])
         with pytest.raises(ValueError, match=f"backend '{backend}' runs on .*got meta"):
             gemm(a, b, backend=backend)
 
