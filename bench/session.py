@@ -216,18 +216,33 @@ def mpi_setup(args, console: Console, check: Callable[[str, int], None] | None =
     world = MPI.COMM_WORLD
     say = console.print if world.Get_rank() == 0 else (lambda *a, **k: None)
 
+    local = world.Split_type(MPI.COMM_TYPE_SHARED)
+    local_ranks = local.Get_size()
+    local.Free()
+
     def checks() -> None:
         if device_type == "cuda" and not torch.cuda.is_available():
             raise UsageError("--device cuda but no CUDA GPU is visible")
         check_run_options(args)
         if check is not None:
             check(device_type, world.Get_size())
+        _check_gpu_per_nccl_rank(getattr(args, "comm", None), device_type, local_ranks)
 
     if (error := agree(world, checks)) is not None:
         say(f"error: {error}", highlight=False, soft_wrap=True)
         return 2
     device = bind_device(world) if device_type == "cuda" else torch.device("cpu")
-    local = world.Split_type(MPI.COMM_TYPE_SHARED)
-    set_threads(args.threads, local.Get_size())
-    local.Free()
+    set_threads(args.threads, local_ranks)
     return world, device, say
+
+
+def _check_gpu_per_nccl_rank(comm: str | None, device_type: str, local_ranks: int) -> None:
+    """NCCL refuses two ranks on one GPU (ncclInvalidUsage at start-up): say so before it
+    starts. ``comm``: the ``--comm`` text (None: the command's default, nccl among them)."""
+    names = csv_list(comm) or ["nccl"]
+    if device_type != "cuda" or not {"nccl", "ring/nccl", "nccl_direct"} & set(names):
+        return
+    gpus = torch.cuda.device_count()
+    if local_ranks > gpus:
+        raise UsageError(f"NCCL needs a GPU per rank: {local_ranks} ranks share {gpus} GPU(s) "
+                         f"on this node; use --comm symm, ring or mpi")

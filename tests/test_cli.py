@@ -272,3 +272,17 @@ def test_nothing_is_printed_at_import_or_by_help():
     for argv in (["--help"], ["bench", "--help"], ["comm", "--help"]):
         result = gemmlab(*argv)
         assert result.returncode == 0 and result.stderr == "", result.stderr
+
+
+def test_nccl_with_two_ranks_on_one_gpu_is_a_usage_error(monkeypatch):
+    """NCCL refuses two ranks on one device at start-up: the command says so first."""
+    from bench import session
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    for comm in (None, "nccl", "symm,ring/nccl"):
+        with pytest.raises(session.UsageError, match="NCCL needs a GPU per rank: 2 ranks "
+                                                     "share 1 GPU"):
+            session._check_gpu_per_nccl_rank(comm, "cuda", 2)
+    session._check_gpu_per_nccl_rank("symm", "cuda", 2)  # no NCCL: fine
+    session._check_gpu_per_nccl_rank("nccl", "cuda", 1)
+    session._check_gpu_per_nccl_rank(None, "cpu", 2)
