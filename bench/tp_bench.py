@@ -44,6 +44,7 @@ from backends import dtypes
 from tp.comm.ring import chunk_bounds
 from tp.functional import comm_stream
 from tp.layers import ColumnParallelLinear, RowParallelLinear, reserve_sms
+from tp.overlap import pieces
 
 from .timing import seconds_per_call
 
@@ -286,8 +287,7 @@ def sequence_parallel_rows(world, comm, device, dtype_name, tol, iters, warmup, 
     t = xd.shape[0] // p
     mine = slice(r * t, (r + 1) * t)
     block = xd[mine].contiguous()
-    bounds = chunk_bounds(t, row.chunks)
-    pieces = [(bounds[i], bounds[i + 1]) for i in range(row.chunks) if bounds[i] < bounds[i + 1]]
+    spans = pieces(t, row.chunks)  # the layers' chunks
     stream = comm_stream(device) if device.type == "cuda" else None
     out = []
 
@@ -300,7 +300,7 @@ def sequence_parallel_rows(world, comm, device, dtype_name, tol, iters, warmup, 
             on_row(out[-1])
 
     def each_rank_rows():  # (rank q's rows lo..hi of every token block, piece i)
-        return ((i, q, lo, hi) for i, (lo, hi) in enumerate(pieces) for q in range(p))
+        return ((i, q, lo, hi) for i, (lo, hi) in enumerate(spans) for q in range(p))
 
     # AG+GEMM: the GEMMs as the layer runs them, on the gathered input; the all-gathers.
     y = torch.empty(xd.shape[0], col.weight.shape[1], dtype=xd.dtype, device=device)
@@ -315,7 +315,7 @@ def sequence_parallel_rows(world, comm, device, dtype_name, tol, iters, warmup, 
 
     def ag_comm():
         gathered[:] = [comm.all_gather(block[lo:hi].contiguous(), stream=stream)
-                       for lo, hi in pieces]
+                       for lo, hi in spans]
 
     with torch.no_grad():
         ag_gemms()
@@ -330,7 +330,7 @@ def sequence_parallel_rows(world, comm, device, dtype_name, tol, iters, warmup, 
 
     # GEMM+RS: every token's partial product chunk by chunk; the reduce-scatters.
     parts = [torch.empty(p * (hi - lo), row.out_features, dtype=hd.dtype, device=device)
-             for lo, hi in pieces]
+             for lo, hi in spans]
     reduced = torch.empty(t, row.out_features, dtype=hd.dtype, device=device)
 
     @torch.no_grad()
@@ -340,7 +340,7 @@ def sequence_parallel_rows(world, comm, device, dtype_name, tol, iters, warmup, 
                           out=parts[i][q * (hi - lo):(q + 1) * (hi - lo)])
 
     def rs_comm():
-        for (lo, hi), part in zip(pieces, parts):
+        for (lo, hi), part in zip(spans, parts):
             comm.reduce_scatter(part, out=reduced[lo:hi], stream=stream)
 
     with torch.no_grad():

@@ -31,6 +31,13 @@ from .comm.ring import chunk_bounds
 from .functional import comm_stream
 
 
+def pieces(n: int, chunks: int) -> list[tuple[int, int]]:
+    """The non-empty row ranges (lo, hi) of a token block of ``n`` rows cut into ``chunks``
+    (``chunk_bounds``'s split): the chunks both decompositions run, in order."""
+    bounds = chunk_bounds(n, chunks)
+    return [(lo, hi) for lo, hi in zip(bounds, bounds[1:]) if lo < hi]
+
+
 def all_gather_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, comm, *,
                     activation: str | None = None, backend: str = "cublas", chunks: int = 4,
                     overlap: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
@@ -49,21 +56,20 @@ def all_gather_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
         then rank 1's, ...).
     """
     p, n = comm.size, x.shape[0]
-    bounds = chunk_bounds(n, chunks)
     weight = _for(backend, weight)
     gathered = x.new_empty(p * n, x.shape[1])
     y = x.new_empty(p * n, weight.shape[1])
     stream = comm_stream(x.device) if overlap and x.is_cuda else None
-    pieces = [(bounds[i], bounds[i + 1]) for i in range(chunks) if bounds[i] < bounds[i + 1]]
+    spans = pieces(n, chunks)
 
     def start(i: int):
-        lo, hi = pieces[i]
+        lo, hi = spans[i]
         return comm.all_gather(x[lo:hi].contiguous(), stream=stream, async_op=overlap)
 
-    pending = start(0) if pieces else None
-    for i, (lo, hi) in enumerate(pieces):
+    pending = start(0) if spans else None
+    for i, (lo, hi) in enumerate(spans):
         current = pending
-        if i + 1 < len(pieces):
+        if i + 1 < len(spans):
             pending = start(i + 1)  # in flight during this chunk's GEMMs
         piece = current.wait() if overlap else current
         with annotate("compute chunk", payload=i):
@@ -98,15 +104,11 @@ def gemm_reduce_scatter(x: torch.Tensor, weight: torch.Tensor, comm, *,
     if t % p:
         raise ValueError(f"GEMM+RS needs the tokens ({t}) divisible by the TP size {p}")
     n = t // p
-    bounds = chunk_bounds(n, chunks)
     weight = _for(backend, weight)
     out = x.new_empty(n, weight.shape[1])
     stream = comm_stream(x.device) if overlap and x.is_cuda else None
     pending = []
-    for i in range(chunks):
-        lo, hi = bounds[i], bounds[i + 1]
-        if lo == hi:
-            continue
+    for i, (lo, hi) in enumerate(pieces(n, chunks)):
         part = x.new_empty(p * (hi - lo), weight.shape[1])  # rank q's rows at q (hi - lo)
         with annotate("compute chunk", payload=i):
             for q in range(p):
