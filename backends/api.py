@@ -109,19 +109,23 @@ def gemm(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None, *,
     try:
         if b is a:  # torch's guard refuses one tensor in two places: it gets a view
             b = a.view_as(a)
-        if c is not None and (c is a or c is b):
-            c = c.view_as(c)
-        c_ = _NO_C if c is None else c
-        out_ = _NO_OUT if out is None else (
-            out.view_as(out) if out is a or out is b or out is c else out)
-        misaligned = (a.data_ptr() | b.data_ptr() | c_.data_ptr() | out_.data_ptr()) & 15
+        if c is None:
+            tensors, pointers = (a, b), a.data_ptr() | b.data_ptr()
+        else:
+            if c is a or c is b:
+                c = c.view_as(c)
+            tensors, pointers = (a, b, c), a.data_ptr() | b.data_ptr() | c.data_ptr()
+        if out is not None:
+            if out is a or out is b or out is c:
+                out = out.view_as(out)
+            tensors, pointers = (*tensors, out), pointers | out.data_ptr()
+        misaligned = pointers & 15
         if misaligned:
-            misaligned = (a.data_ptr() & 15, b.data_ptr() & 15, c_.data_ptr() & 15,
-                          out_.data_ptr() & 15)
+            misaligned = tuple(t.data_ptr() & 15 for t in tensors)
         head = (backend, activation, allow_tf32, tuned, tuning.generation, _grad_enabled(),
                 c is None, out is None, misaligned)
         for guards, bound in _PLANS.get(head, ()):
-            if guards.check(a, b, c_, out_):
+            if guards.check(*tensors):
                 plan = bound
                 break
     except (AttributeError, TypeError):  # not tensors: _bind says which
@@ -129,7 +133,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None, *,
     if plan is None:
         plan = _bind(a, b, c, activation, backend, out, allow_tf32, tuned)
         if head is not None:
-            _keep(head, signature.guard(a, b, c_, out_), plan)
+            _keep(head, signature.guard(*tensors), plan)
     if out is not None and _overlaps(plan, a, b, c, out):
         raise ValueError(f"out overlaps {_overlaps(plan, a, b, c, out)} in memory; pass a "
                          f"separate tensor")
@@ -141,17 +145,15 @@ def gemm(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None, *,
 
 
 # Bindings kept: per head (the arguments, grad mode, which of C and out are given and the
-# pointers' misalignment), a list of (signature guard, Plan), most recent first. Past
-# MAX_PLANS in all the cache starts again (a program with unboundedly many shapes pays the
-# first-call cost again, nothing more); a head keeps at most PLANS_PER_HEAD, so a look-up
-# tries at most that many guards (a failing one costs tens of nanoseconds).
+# pointers' misalignment), a list of (signature guard of the tensors given, Plan), most
+# recent first. Past MAX_PLANS in all the cache starts again (a program with unboundedly
+# many shapes pays the first-call cost again, nothing more); a head keeps at most
+# PLANS_PER_HEAD, so a look-up tries at most that many guards (a failing one costs tens of
+# nanoseconds).
 MAX_PLANS = 1024
 PLANS_PER_HEAD = 32
 _PLANS: dict[tuple, list] = {}
 _plan_count = [0]
-# Stand-ins for an absent C or out, so every guard sees four tensors (distinct objects:
-# the guard refuses one tensor in two places).
-_NO_C, _NO_OUT = torch.empty(0), torch.empty(0)
 
 
 def _keep(head: tuple, guards: signature.Guard, plan: Plan) -> None:

@@ -1,38 +1,38 @@
-"""cublaslt: cuBLASLt with its own fused epilogues, through nvmath-python's stateful
-``nvmath.linalg.advanced.Matmul`` (planned once per problem, then only executed).
+"""cublaslt: cuBLASLt's ``cublasLtMatmul`` with its own fused epilogues, through
+nvmath-python's maintained binding of the C API (``nvmath.bindings.cublasLt``): planned once
+per binding (descriptors, layouts, the heuristic's algorithm), then each call is one
+``cublasLtMatmul`` on torch's current stream, as torch's own cuBLASLt path does.
 
-- full C: ``Matmul(a, b, c, beta=1)`` with the ``RELU`` epilogue (or none): D = act(A @ B + C)
-  in one cuBLASLt call, C read in the epilogue.
-- bias: cuBLASLt's bias vector runs along the rows of its column-major result, one value
-  per row (nvmath: a bias of length M). Our bias is one value per column of D, so the call
-  computes E = B^T A^T (N x M, column-major, the ``BIAS``/``RELU_BIAS`` epilogue adding the
-  bias per row of E) and returns D = E^T, which is row-major (M, N): no copy.
-- none: ``Matmul(a, b)`` with ``RELU`` (or none).
+cuBLASLt is column-major, and a row-major (M, N) D is the column-major (N, M) matrix D^T,
+so the call computes D^T = B^T A^T + C^T:
 
-fp32 computes in IEEE fp32 (``COMPUTE_32F``), tf32 in ``COMPUTE_32F_FAST_TF32``, fp16 and
-bf16 with fp32 accumulation (``COMPUTE_32F``). Source: nvmath-python's documentation of
-``Matmul``, ``MatmulEpilog`` and ``MatmulOptions``; cuBLASLt's ``cublasLtMatmul``.
+- A row-major (M, K) is the column-major A^T (K, M): op N; a column-major A (a transposed
+  view) is read with op T. Likewise B. Other strides are copied to contiguous first.
+- full C: beta = 1, C^T read as a column-major (N, M) matrix, in the same epilogue.
+- bias: cuBLASLt's bias vector adds one value per row of its column-major D^T, which is
+  one value per column of D: the ``BIAS``/``RELU_BIAS`` epilogue as it is.
+- ReLU: the ``RELU`` (or ``RELU_BIAS``) epilogue.
+
+fp32 computes in IEEE fp32 (``CUBLAS_COMPUTE_32F``), tf32 in ``CUBLAS_COMPUTE_32F_FAST_TF32``,
+fp16 and bf16 with fp32 accumulation (``CUBLAS_COMPUTE_32F``), alpha and beta fp32. The
+heuristic is told the operands' pointer alignment (up to 256 bytes, as torch and nvmath do);
+a call whose pointers are less aligned than a plan assumed gets a plan of its own.
+Source: the cuBLASLt documentation (``cublasLtMatmul``, ``cublasLtEpilogue_t``,
+``cublasLtMatmulPreferenceAttributes_t``) and nvmath-python's ``nvmath.bindings.cublasLt``.
 """
 
 from __future__ import annotations
 
-import collections
 import functools
-import warnings
+import threading
 
+import numpy as np
 import torch
 
 from .problem import Launch, Problem
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-# Planned Matmul objects kept (least recently used dropped and freed). Each holds the
-# operands of its latest call, so the count bounds the memory this cache keeps alive.
-PLANS_KEPT = 4
-_plans: collections.OrderedDict = collections.OrderedDict()  # token -> [Matmul, description,
-#                                                                   the operands' addresses]
-# A small int per planned layout (problem, strides, alignment): hashing it per call costs
-# nothing, where hashing the layout itself (a Problem dataclass) costs a microsecond.
-_tokens: dict[tuple, int] = {}
+WORKSPACE_BYTES = 32 << 20  # the most a plan may use: torch's cuBLAS workspace on Hopper
 _last = ["not launched yet"]
 
 
@@ -42,7 +42,7 @@ def unavailable_reason() -> str | None:
     if not torch.cuda.is_available():
         return "no CUDA GPU visible to torch"
     try:
-        import nvmath.linalg.advanced  # noqa: F401  (the import is the check)
+        import nvmath.bindings.cublasLt  # noqa: F401  (the import is the check)
     except ImportError as exc:
         return (f"nvmath-python is not importable ({exc}); install gemmlab[cuda13] or "
                 f"gemmlab[cuda12]")
@@ -50,85 +50,236 @@ def unavailable_reason() -> str | None:
 
 
 def describe() -> str:
-    """The latest call's cuBLASLt epilogue and compute type."""
+    """The latest call's cuBLASLt epilogue, compute type and workspace."""
     return _last[0]
 
 
-def plan(p: Problem, a, b, c, stream: int):
-    """A planned nvmath ``Matmul`` for ``p`` on these operands (their layouts and alignment
-    fix the plan) and a one-line description of it."""
-    from nvmath.linalg import ComputeType
-    from nvmath.linalg.advanced import Matmul, MatmulEpilog, MatmulOptions
+def _lt():
+    from nvmath.bindings import cublasLt
 
-    compute = ComputeType.COMPUTE_32F_FAST_TF32 if p.allow_tf32 else ComputeType.COMPUTE_32F
-    options = MatmulOptions(compute_type=compute)
-    if p.c == "bias":
-        mm = Matmul(b.T, a.T, options=options, stream=stream)
-        epilog = MatmulEpilog.RELU_BIAS if p.relu else MatmulEpilog.BIAS
-        mm.plan(epilog=epilog, epilog_inputs={"bias": c}, stream=stream)
-    else:
-        mm = Matmul(a, b, c, beta=None if c is None else 1.0, options=options, stream=stream)
-        epilog = MatmulEpilog.RELU if p.relu else None
-        mm.plan(epilog=epilog, stream=stream)
-    name = epilog.name if epilog is not None else "no"
-    text = (f"cuBLASLt via nvmath Matmul, {name} epilogue"
-            f"{', C with beta=1' if p.c == 'full' else ''}, {compute.name}")
-    return mm, text
+    return cublasLt
 
 
-def _free(mm) -> None:
-    """Release a dropped plan's cuBLASLt objects and workspace. nvmath first makes the
-    workspace's stream wait for the plan's last execution; when that execution was captured
-    into a CUDA graph and never run eagerly after, the wait is refused
-    (CUDA_ERROR_INVALID_VALUE): the plan is then dropped with a warning, and what it held
-    goes back only when Python collects it."""
-    try:
-        mm.free()
-    except Exception as exc:  # nvmath's CUDAError; whatever it is, the GEMM itself is done
-        warnings.warn(f"cublaslt: a dropped cuBLASLt plan could not release its resources "
-                      f"({type(exc).__name__}: {exc})", RuntimeWarning, stacklevel=3)
+@functools.cache
+def _handle(device: int) -> int:
+    """One cuBLASLt handle per device, kept for the process (as torch keeps its own)."""
+    with torch.cuda.device(device):
+        return _lt().create()
+
+
+class _Workspaces:
+    """One workspace per (device, stream), grown to the largest a plan asked for: two
+    streams never share one, and calls on one stream are ordered, so they may."""
+
+    def __init__(self):
+        self._buffers: dict[tuple[int, int], torch.Tensor] = {}
+        self._lock = threading.Lock()
+
+    def get(self, device: int, stream: int, nbytes: int) -> tuple[int, int]:
+        """(address, bytes) of a workspace of at least ``nbytes`` for ``stream``."""
+        key = (device, stream)
+        buffer = self._buffers.get(key)
+        if buffer is None or buffer.numel() < nbytes:
+            with self._lock:
+                buffer = torch.empty(max(nbytes, 1), dtype=torch.uint8,
+                                     device=f"cuda:{device}")
+                self._buffers[key] = buffer
+        return buffer.data_ptr(), buffer.numel()
+
+
+_workspaces = _Workspaces()
+
+
+def _set(setter, dtype_of, obj: int, attr, value) -> None:
+    """Set a cuBLASLt descriptor attribute, as the binding's dtype for it."""
+    buf = np.array([value], dtype=dtype_of(attr))
+    setter(obj, attr, buf.ctypes.data, buf.itemsize)
+
+
+def _aligned_to(address: int) -> int:
+    """The largest power of two up to 256 that divides ``address``."""
+    return min(256, address & -address) if address else 256
+
+
+def _data_type(dtype: torch.dtype) -> int:
+    from nvmath import CudaDataType
+
+    return {torch.float32: CudaDataType.CUDA_R_32F, torch.float16: CudaDataType.CUDA_R_16F,
+            torch.bfloat16: CudaDataType.CUDA_R_16BF}[dtype]
+
+
+def _operand(t: torch.Tensor, rows: int, cols: int) -> tuple[str, int] | None:
+    """How cuBLASLt reads the (rows, cols) tensor ``t``: ``("row", ld)`` for row-major
+    strides, ``("col", ld)`` for column-major ones, None when neither (copy it)."""
+    s0, s1 = t.stride()
+    if s1 == 1 and s0 >= max(1, cols):
+        return "row", s0
+    if s0 == 1 and s1 >= max(1, rows):
+        return "col", s1
+    return None
+
+
+def _row_major(t: torch.Tensor, rows: int, cols: int) -> bool:
+    how = _operand(t, rows, cols)
+    return how is not None and how[0] == "row"
+
+
+class Plan:
+    """The descriptors, layouts and algorithm of one cuBLASLt problem: the operands' layouts
+    (``_operand``'s answers), the epilogue and the pointers' alignment. ``matmul(a_ptr,
+    b_ptr, c_ptr, d_ptr, stream)`` runs it; ``c_ptr`` is the full C, or the bias, or 0;
+    ``arguments`` gives the ``cublasLtMatmul`` call it makes. ``a_layout`` and ``b_layout``
+    are ``("row" | "col", leading dimension)``; ``c_ld`` (full C) and ``d_ld`` are row
+    strides; ``bias_ptr`` is the bias the plan starts with.
+
+    Raises:
+        RuntimeError: cuBLASLt's heuristic has no algorithm for it.
+    """
+
+    def __init__(self, p: Problem, device: int, a_layout, b_layout, c_ld: int | None,
+                 d_ld: int, alignment: int, bias_ptr: int = 0):
+        from nvmath import CudaDataType
+        from nvmath.bindings import cublas
+
+        lt = _lt()
+        self.device, self.handle = device, _handle(device)
+        dtype = _data_type(p.dtype)
+        compute = (cublas.ComputeType.COMPUTE_32F_FAST_TF32 if p.allow_tf32
+                   else cublas.ComputeType.COMPUTE_32F)
+        self._objects: list[tuple] = []  # (destroy, handle) of everything created here
+        desc = self._keep(lt.matmul_desc_destroy,
+                          lt.matmul_desc_create(compute, CudaDataType.CUDA_R_32F))
+        attr = lt.MatmulDescAttribute
+        set_desc = functools.partial(_set, lt.matmul_desc_set_attribute,
+                                     lt.get_matmul_desc_attribute_dtype, desc)
+        # D^T = B^T A^T: cuBLASLt's "A" is our B, its "B" is our A.
+        (a_order, lda), (b_order, ldb) = a_layout, b_layout
+        set_desc(attr.TRANSA, cublas.Operation.N if b_order == "row" else cublas.Operation.T)
+        set_desc(attr.TRANSB, cublas.Operation.N if a_order == "row" else cublas.Operation.T)
+        epilogue = {(None, False): lt.Epilogue.DEFAULT, (None, True): lt.Epilogue.RELU,
+                    ("full", False): lt.Epilogue.DEFAULT, ("full", True): lt.Epilogue.RELU,
+                    ("bias", False): lt.Epilogue.BIAS, ("bias", True): lt.Epilogue.RELU_BIAS}[
+            (p.c, p.relu)]
+        set_desc(attr.EPILOGUE, epilogue)
+        self.bias, self.full_c = p.c == "bias", p.c == "full"
+        if self.bias:
+            set_desc(attr.BIAS_POINTER, bias_ptr)
+        self._bias_ptr = bias_ptr
+
+        def layout(rows, cols, ld):
+            return self._keep(lt.matrix_layout_destroy,
+                              lt.matrix_layout_create(dtype, rows, cols, ld))
+
+        m, n, k = p.m, p.n, p.k
+        bt = layout(n, k, ldb) if b_order == "row" else layout(k, n, ldb)
+        at = layout(k, m, lda) if a_order == "row" else layout(m, k, lda)
+        dt = layout(n, m, d_ld)
+        ct = layout(n, m, c_ld) if p.c == "full" else dt
+        self._scalars = np.array([1.0, 1.0 if p.c == "full" else 0.0], dtype=np.float32)
+        alpha = self._scalars.ctypes.data
+        beta = alpha + self._scalars.itemsize
+
+        preference = self._keep(lt.matmul_preference_destroy, lt.matmul_preference_create())
+        pattr = lt.MatmulPreferenceAttribute
+        set_pref = functools.partial(_set, lt.matmul_preference_set_attribute,
+                                     lt.get_matmul_preference_attribute_dtype, preference)
+        set_pref(pattr.MAX_WORKSPACE_BYTES, WORKSPACE_BYTES)
+        for which in ("A", "B", "C", "D"):
+            set_pref(getattr(pattr, f"MIN_ALIGNMENT_{which}_BYTES"), alignment)
+        self._heuristic = lt.MatmulHeuristicResult(1)
+        found = np.zeros(1, dtype=np.int32)
+        lt.matmul_algo_get_heuristic(self.handle, desc, bt, at, ct, dt, preference, 1,
+                                     self._heuristic.ptr, found.ctypes.data)
+        if found[0] == 0:
+            raise RuntimeError(f"cuBLASLt has no algorithm for {p} (alignment {alignment} B)")
+        self.workspace_bytes = int(self._heuristic.workspace_size)
+        # cublasLtMatmulHeuristicResult_t opens with its cublasLtMatmulAlgo_t.
+        algo = self._heuristic.ptr
+        self._call = lt.matmul
+        self._desc, self._set_desc = desc, set_desc
+        # cublasLtMatmul's arguments around the four pointers and the stream.
+        self.head = (self.handle, desc, alpha)
+        self.layouts = (bt, at, beta, ct, dt, algo)
+        self.text = (f"cuBLASLt via nvmath.bindings, {epilogue.name} epilogue"
+                     f"{', C with beta=1' if p.c == 'full' else ''}, {compute.name}, "
+                     f"{alignment}-byte alignment, workspace {self.workspace_bytes} B")
+        self._lock = threading.Lock()
+
+    def _keep(self, destroy, obj: int) -> int:
+        self._objects.append((destroy, obj))
+        return obj
+
+    def arguments(self, a_ptr: int, b_ptr: int, c_ptr: int, d_ptr: int,
+                  stream: int) -> tuple:
+        """``cublasLtMatmul``'s 16 arguments for these pointers on ``stream`` (C is D's
+        pointer when there is no full C: beta is 0 then, and C is not read)."""
+        ws, ws_bytes = _workspaces.get(self.device, stream, self.workspace_bytes)
+        handle, desc, alpha = self.head
+        bt, at, beta, ct, dt, algo = self.layouts
+        c = c_ptr if self.full_c else d_ptr
+        return (handle, desc, alpha, b_ptr, bt, a_ptr, at, beta, c, ct, d_ptr, dt, algo, ws,
+                ws_bytes, stream)
+
+    def matmul(self, a_ptr: int, b_ptr: int, c_ptr: int, d_ptr: int, stream: int) -> None:
+        """One ``cublasLtMatmul`` on ``stream``: D (at ``d_ptr``) = act(A B + C), ``c_ptr``
+        the full C, the bias or 0."""
+        args = self.arguments(a_ptr, b_ptr, c_ptr, d_ptr, stream)
+        if not self.bias:
+            self._call(*args)
+            return
+        with self._lock:  # the bias pointer lives in the shared descriptor
+            if c_ptr != self._bias_ptr:
+                self._set_desc(_lt().MatmulDescAttribute.BIAS_POINTER, c_ptr)
+                self._bias_ptr = c_ptr
+            self._call(*args)
+
+    def __del__(self):
+        for destroy, obj in reversed(getattr(self, "_objects", ())):
+            try:
+                destroy(obj)
+            except Exception:  # at interpreter exit the library may be gone already
+                pass
 
 
 def bind(p: Problem, config=None) -> Launch:
-    """The cuBLASLt launch for ``p``: planned at its first call (per operand layout and
-    pointer alignment, which cuBLASLt's algorithm choice depends on), executed after that on
-    torch's current stream. D is a new tensor, copied into ``out`` when one is given. A
-    launch is for the layouts of its first call (``gemm()`` binds once per signature)."""
+    """The cuBLASLt launch for ``p``: planned at its first call (the operands' layouts fix
+    the plan; ``gemm()`` binds once per signature) and per pointer alignment, then one
+    ``cublasLtMatmul`` per call on torch's current stream, writing into ``out`` when its
+    rows are contiguous, else into a new D that is then copied into ``out``."""
     device = p.device.index if p.device.index is not None else torch.cuda.current_device()
-    tokens: list = []  # the plan's token, from the first call's operands
-
-    bias = p.c == "bias"
+    raw_stream, current_device = torch._C._cuda_getCurrentRawStream, torch._C._cuda_getDevice
+    output = p.output
+    layout: list = []  # A's and B's _operand, whether C is copied, whether D goes through one
+    plans: dict[int, Plan] = {}  # alignment -> Plan
 
     def launch(a, b, c, out):
-        stream = torch._C._cuda_getCurrentRawStream(device)
-        if bias:
-            c = c.contiguous()  # cuBLASLt reads the bias vector with unit stride
-        if not tokens:
-            layout = (p, a.stride(), b.stride(), None if c is None else c.stride(),
-                      a.data_ptr() % 16, b.data_ptr() % 16,
-                      None if c is None else c.data_ptr() % 16)
-            tokens.append(_tokens.setdefault(layout, len(_tokens)))
-        token = tokens[0]
-        pointers = (a.data_ptr(), b.data_ptr(), None if c is None else c.data_ptr())
-        entry = _plans.get(token)
-        if entry is None:
-            entry = _plans[token] = [*plan(p, a, b, c, stream), pointers]
-            while len(_plans) > PLANS_KEPT:
-                _free(_plans.popitem(last=False)[1][0])
+        if not layout:
+            layout[:] = (_operand(a, p.m, p.k), _operand(b, p.k, p.n),
+                         c is not None and not (_row_major(c, p.m, p.n) if c.dim() == 2
+                                                else c.stride(0) == 1),
+                         out is not None and not _row_major(out, p.m, p.n))
+        a_how, b_how, copy_c, through = layout
+        if a_how is None:
+            a = a.contiguous()
+        if b_how is None:
+            b = b.contiguous()
+        if copy_c:
+            c = c.contiguous()
+        d = output(None if through else out)
+        a_ptr, b_ptr, d_ptr = a.data_ptr(), b.data_ptr(), d.data_ptr()
+        c_ptr = 0 if c is None else c.data_ptr()
+        alignment = _aligned_to(a_ptr | b_ptr | c_ptr | d_ptr)
+        plan = plans.get(alignment)
+        if plan is None:
+            plan = plans[alignment] = Plan(
+                p, device, a_how or ("row", p.k), b_how or ("row", p.n),
+                c.stride(0) if p.c == "full" else None, d.stride(0), alignment, c_ptr)
+        if current_device() == device:
+            plan.matmul(a_ptr, b_ptr, c_ptr, d_ptr, raw_stream(device))
         else:
-            _plans.move_to_end(token)
-            # New operands for a planned problem. The same addresses need no reset: the plan
-            # holds the tensors it last ran on, so that memory is what these views are.
-            if entry[2] != pointers:
-                if bias:
-                    entry[0].reset_operands_unchecked(a=b.T, b=a.T, epilog_inputs={"bias": c})
-                else:
-                    entry[0].reset_operands_unchecked(a=a, b=b, c=c)
-                entry[2] = pointers
-        mm, _last[0], _ = entry
-        d = mm.execute(stream=stream)
-        if bias:
-            d = d.T
-        return d if out is None else out.copy_(d)
+            with torch.cuda.device(device):
+                plan.matmul(a_ptr, b_ptr, c_ptr, d_ptr, raw_stream(device))
+        _last[0] = plan.text
+        return out.copy_(d) if through else d
 
     return launch

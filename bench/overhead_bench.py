@@ -6,7 +6,8 @@ a NaN-poisoned output:
 
 - ``wrapped_us``: the library call the backend makes, set up once by hand and then only
   called, a new D each call as ``gemm()`` gives: ``torch.addmm(c, a, b).relu_()`` for
-  cublas; the planned nvmath ``Matmul``'s ``execute`` for cublaslt; the function
+  cublas; ``torch.empty_like`` for D and nvmath's binding of ``cublasLtMatmul`` with the
+  planned arguments for cublaslt; the function
   ``torch.compile`` returned, for torch_compile; the expression for torch_unfused;
   ``torch.empty_like`` for D and the driver's ``cuLaunchKernel`` (CuPy's binding) with a
   prebuilt ``KernelArgs`` buffer for the CUDA C kernels (the tensor maps of cuda_wgmma
@@ -68,11 +69,21 @@ def _wrapped(name: str, p: Problem, a, b, c, d) -> Callable[[], object]:
         fn, relu = compiled.fn, p.relu
         return lambda: fn(a, b, c, relu)
     if name == "cublaslt":
+        from nvmath.bindings.cublasLt import matmul
+
         from backends import cublaslt
 
-        stream = torch.cuda.current_stream().cuda_stream
-        mm, _ = cublaslt.plan(p, a, b, c, stream)
-        return lambda: mm.execute(stream=stream)
+        plan = cublaslt.Plan(p, a.device.index, ("row", p.k), ("row", p.n), p.n, p.n, 256)
+        args = list(plan.arguments(a.data_ptr(), b.data_ptr(), c.data_ptr(), d.data_ptr(),
+                                   torch.cuda.current_stream().cuda_stream))
+
+        def lt_launch():
+            args[10] = (out := torch.empty_like(d)).data_ptr()  # D's place: a new D per call
+            matmul(*args)
+            return out
+
+        lt_launch.plan = plan  # the arguments point into it: it lives as long as the call
+        return lt_launch
     if name in CUDA_KERNELS:
         return _wrapped_cuda(CUDA_KERNELS[name], p, a, b, c, d)
     if name == "triton_fused":

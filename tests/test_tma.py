@@ -51,14 +51,19 @@ def test_a_binding_encodes_the_maps_of_an_address_pair_once(monkeypatch):
     launch_maps = tma.LaunchMaps(k=16, n=16, block_m=64, block_k=64, kept=2)
     a, b = torch.randn(8, 16, dtype=torch.float16), torch.randn(16, 16, dtype=torch.float16)
     first = launch_maps(a, b)
-    assert first[0] is a and first[1] is b and first[2].numel() == 2 * tma.MAP_BYTES
-    assert launch_maps(a, b)[2] is first[2]
+    (maps, address), = launch_maps._maps.values()
+    assert first == (a, b, address) and maps.data_ptr() == address
+    assert maps.numel() == 2 * tma.MAP_BYTES and torch.equal(maps, torch.zeros_like(maps))
+    assert launch_maps(a, b)[2] == address
     assert encoded == [a.data_ptr(), b.data_ptr()]
     odd = torch.randn(8 * 16 + 1, dtype=torch.float16)[1:].view(8, 16)  # copied: not kept
     launch_maps(odd, b)
-    launch_maps(odd, b)
+    padded = launch_maps(odd, b)
     assert len(encoded) == 6
+    assert padded[2] == launch_maps._padded.data_ptr()  # held until the next padded call
     others = [torch.randn(8, 16, dtype=torch.float16) for _ in range(2)]
     for other in others:
         launch_maps(other, b)
-    assert len(launch_maps._maps) == 2 and launch_maps(a, b)[2] is not first[2]  # evicted
+    assert len(launch_maps._maps) == 2 and (a.data_ptr(), b.data_ptr()) not in launch_maps._maps
+    launch_maps(a, b)  # evicted: encoded again
+    assert len(encoded) == 12

@@ -219,7 +219,7 @@ class CudaKernel:
             else:
                 a, b, maps = maps_of(a, b)
                 pointers = (a.data_ptr(), b.data_ptr(), 0 if c is None else c.data_ptr(),
-                            out.data_ptr(), maps.data_ptr())
+                            out.data_ptr(), maps)
             if _LAUNCHER.get() == "pycuda":
                 from .pycuda_launch import launch as pycuda_launch
 

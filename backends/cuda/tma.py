@@ -96,25 +96,31 @@ class LaunchMaps:
     """The operands and tensor-map buffer of one binding's launches (one shape, dtype, strides
     and alignment, so only A's and B's addresses vary between calls).
 
-    ``launch_maps(a, b)`` returns ``(a, b, maps)`` as ``operands`` and ``gemm_maps`` give them.
-    The buffers of the last ``kept`` address pairs encoded whose operands are used as they
-    are (the aligned case) are kept, so calling again on the same tensors costs two
-    ``data_ptr`` reads and a dict look-up; padded operands are new copies, encoded per call.
+    ``launch_maps(a, b)`` returns ``(a, b, maps address)``, ``a`` and ``b`` as ``operands``
+    gives them and the maps as ``gemm_maps`` encodes them. The buffers of the last ``kept``
+    address pairs encoded whose operands are used as they are (the aligned case) are kept,
+    so calling again on the same tensors costs two ``data_ptr`` reads and a dict look-up;
+    padded operands are new copies, encoded per call (their buffer lives until the next
+    such call, which is after the launch has been queued).
     """
 
     def __init__(self, k: int, n: int, block_m: int, block_k: int, kept: int = 8):
         self.k, self.n, self.block_m, self.block_k, self.kept = k, n, block_m, block_k, kept
-        self._maps: OrderedDict[tuple[int, int], torch.Tensor] = OrderedDict()
+        self._maps: OrderedDict[tuple[int, int], tuple[torch.Tensor, int]] = OrderedDict()
+        self._padded: torch.Tensor | None = None
 
-    def __call__(self, a: torch.Tensor, b: torch.Tensor):
+    def __call__(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
+                                                                   int]:
         key = (a.data_ptr(), b.data_ptr())
-        maps = self._maps.get(key)
-        if maps is not None:
-            return a, b, maps
+        hit = self._maps.get(key)
+        if hit is not None:
+            return a, b, hit[1]
         pa, pb = operands(a, b)
         maps = gemm_maps(pa, pb, self.k, self.n, self.block_m, self.block_k)
         if pa is a and pb is b:
-            self._maps[key] = maps
+            self._maps[key] = (maps, maps.data_ptr())
             if len(self._maps) > self.kept:
                 self._maps.popitem(last=False)
-        return pa, pb, maps
+        else:
+            self._padded = maps
+        return pa, pb, maps.data_ptr()
