@@ -67,27 +67,20 @@ def _handle(device: int) -> int:
         return _lt().create()
 
 
-class _Workspaces:
-    """One workspace per (device, stream), grown to the largest a plan asked for: two
-    streams never share one, and calls on one stream are ordered, so they may."""
-
-    def __init__(self):
-        self._buffers: dict[tuple[int, int], torch.Tensor] = {}
-        self._lock = threading.Lock()
-
-    def get(self, device: int, stream: int, nbytes: int) -> tuple[int, int]:
-        """(address, bytes) of a workspace of at least ``nbytes`` for ``stream``."""
-        key = (device, stream)
-        buffer = self._buffers.get(key)
-        if buffer is None or buffer.numel() < nbytes:
-            with self._lock:
-                buffer = torch.empty(max(nbytes, 1), dtype=torch.uint8,
-                                     device=f"cuda:{device}")
-                self._buffers[key] = buffer
-        return buffer.data_ptr(), buffer.numel()
+_workspaces: dict[tuple[int, int], torch.Tensor] = {}
+_workspace_lock = threading.Lock()
 
 
-_workspaces = _Workspaces()
+def _workspace(device: int, stream: int) -> tuple[int, int]:
+    """(address, bytes) of the workspace of ``stream``: WORKSPACE_BYTES, allocated at its
+    first use and kept (plans keep its address). Two streams never share one; calls on one
+    stream are ordered, so they may."""
+    with _workspace_lock:
+        buffer = _workspaces.get((device, stream))
+        if buffer is None:
+            buffer = _workspaces[device, stream] = torch.empty(
+                WORKSPACE_BYTES, dtype=torch.uint8, device=f"cuda:{device}")
+    return buffer.data_ptr(), WORKSPACE_BYTES
 
 
 def _set(setter, dtype_of, obj: int, attr, value) -> None:
@@ -97,8 +90,8 @@ def _set(setter, dtype_of, obj: int, attr, value) -> None:
 
 
 def _aligned_to(address: int) -> int:
-    """The largest power of two up to 256 that divides ``address``."""
-    return min(256, address & -address) if address else 256
+    """The largest power of two up to 256 that divides ``address`` (or its low bits)."""
+    return min(256, address & -address) if address & 255 else 256
 
 
 def _data_type(dtype: torch.dtype) -> int:
@@ -192,7 +185,6 @@ class Plan:
                                      self._heuristic.ptr, found.ctypes.data)
         if found[0] == 0:
             raise RuntimeError(f"cuBLASLt has no algorithm for {p} (alignment {alignment} B)")
-        self.workspace_bytes = int(self._heuristic.workspace_size)
         # cublasLtMatmulHeuristicResult_t opens with its cublasLtMatmulAlgo_t.
         algo = self._heuristic.ptr
         self._call = lt.matmul
@@ -202,8 +194,10 @@ class Plan:
         self.layouts = (bt, at, beta, ct, dt, algo)
         self.text = (f"cuBLASLt via nvmath.bindings, {epilogue.name} epilogue"
                      f"{', C with beta=1' if p.c == 'full' else ''}, {compute.name}, "
-                     f"{alignment}-byte alignment, workspace {self.workspace_bytes} B")
+                     f"{alignment}-byte alignment, "
+                     f"workspace {int(self._heuristic.workspace_size)} B")
         self._lock = threading.Lock()
+        self._tails: dict[int, tuple] = {}
 
     def _keep(self, destroy, obj: int) -> int:
         self._objects.append((destroy, obj))
@@ -213,12 +207,13 @@ class Plan:
                   stream: int) -> tuple:
         """``cublasLtMatmul``'s 16 arguments for these pointers on ``stream`` (C is D's
         pointer when there is no full C: beta is 0 then, and C is not read)."""
-        ws, ws_bytes = _workspaces.get(self.device, stream, self.workspace_bytes)
-        handle, desc, alpha = self.head
-        bt, at, beta, ct, dt, algo = self.layouts
+        tail = self._tails.get(stream)
+        if tail is None:  # D's layout, the algorithm, the stream's workspace, the stream
+            tail = self._tails[stream] = (self.layouts[4], self.layouts[5],
+                                          *_workspace(self.device, stream), stream)
+        bt, at, beta, ct = self.layouts[:4]
         c = c_ptr if self.full_c else d_ptr
-        return (handle, desc, alpha, b_ptr, bt, a_ptr, at, beta, c, ct, d_ptr, dt, algo, ws,
-                ws_bytes, stream)
+        return (*self.head, b_ptr, bt, a_ptr, at, beta, c, ct, d_ptr, *tail)
 
     def matmul(self, a_ptr: int, b_ptr: int, c_ptr: int, d_ptr: int, stream: int) -> None:
         """One ``cublasLtMatmul`` on ``stream``: D (at ``d_ptr``) = act(A B + C), ``c_ptr``
@@ -250,7 +245,7 @@ def bind(p: Problem, config=None) -> Launch:
     raw_stream, current_device = torch._C._cuda_getCurrentRawStream, torch._C._cuda_getDevice
     output = p.output
     layout: list = []  # A's and B's _operand, whether C is copied, whether D goes through one
-    plans: dict[int, Plan] = {}  # alignment -> Plan
+    plans: dict[int, Plan] = {}  # the pointers' low 8 bits (their alignment) -> Plan
 
     def launch(a, b, c, out):
         if not layout:
@@ -259,21 +254,19 @@ def bind(p: Problem, config=None) -> Launch:
                                                 else c.stride(0) == 1),
                          out is not None and not _row_major(out, p.m, p.n))
         a_how, b_how, copy_c, through = layout
-        if a_how is None:
-            a = a.contiguous()
-        if b_how is None:
-            b = b.contiguous()
-        if copy_c:
-            c = c.contiguous()
+        if copy_c or a_how is None or b_how is None:
+            a, b = a if a_how else a.contiguous(), b if b_how else b.contiguous()
+            c = c.contiguous() if copy_c else c
         d = output(None if through else out)
         a_ptr, b_ptr, d_ptr = a.data_ptr(), b.data_ptr(), d.data_ptr()
         c_ptr = 0 if c is None else c.data_ptr()
-        alignment = _aligned_to(a_ptr | b_ptr | c_ptr | d_ptr)
-        plan = plans.get(alignment)
+        low_bits = (a_ptr | b_ptr | c_ptr | d_ptr) & 255
+        plan = plans.get(low_bits)
         if plan is None:
-            plan = plans[alignment] = Plan(
+            plan = plans[low_bits] = Plan(
                 p, device, a_how or ("row", p.k), b_how or ("row", p.n),
-                c.stride(0) if p.c == "full" else None, d.stride(0), alignment, c_ptr)
+                c.stride(0) if p.c == "full" else None, d.stride(0), _aligned_to(low_bits),
+                c_ptr)
         if current_device() == device:
             plan.matmul(a_ptr, b_ptr, c_ptr, d_ptr, raw_stream(device))
         else:
