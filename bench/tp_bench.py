@@ -71,12 +71,14 @@ def _grads(y, inputs, grad_out):
 def run(world, comm, self_comm, device: torch.device, dtype_name: str, tokens: int,
         hidden: int, ratio: float, backend: str, chunks: int, iters: int, warmup: int,
         seed: int = 0, sm_margin: int = 0, sequence_parallel: bool = False,
-        record: Callable[[dict], None] | None = None) -> list[dict]:
+        cuda_graph: bool = False, record: Callable[[dict], None] | None = None) -> list[dict]:
     """All rows; collective over ``world`` (= the TP group ``comm``). ``self_comm`` is a
     one-rank communicator for the TP = 1 runs; ``sm_margin`` is the TP layers' (the TP = 1
     block has nothing to overlap and uses none). ``dtype_name``: one of
     ``backends.dtypes.TP``, whose tolerance the checks use. ``sequence_parallel`` adds the
-    sequence-parallel rows (``sequence_parallel_rows`` and the SP block). ``record``, when
+    sequence-parallel rows (``sequence_parallel_rows`` and the SP block). ``cuda_graph`` adds
+    the MLP block (and the SP block) at TP = P once more, captured into one CUDA graph and
+    replayed (``graph_row``; needs a stream-ordered communicator on CUDA). ``record``, when
     given, is called with each row as soon as it is finished.
 
     Raises:
@@ -135,15 +137,18 @@ def run(world, comm, self_comm, device: torch.device, dtype_name: str, tokens: i
     col_serial, row_serial = layers(comm, overlap=False)
     result = []
 
+    def _keep(row: dict) -> None:
+        result.append(row)
+        if record is not None:
+            record(row)
+
     def add(layer, phase, m, nn_, kk, error, fn, tp=p):
         """A row: timed only when its check (``error``, already measured) passed."""
         error = _agreed(error, world)
         ok = error <= tol
-        result.append({"layer": layer, "phase": phase, "tp": tp, "M": m, "N": nn_, "K": kk,
-                       "dtype": dtype_name, "max_rel_err": error, "ok": ok,
-                       "ms": _ms(fn, iters, warmup, device, world) if ok else None})
-        if record is not None:
-            record(result[-1])
+        _keep({"layer": layer, "phase": phase, "tp": tp, "M": m, "N": nn_, "K": kk,
+               "dtype": dtype_name, "cuda_graph": False, "max_rel_err": error, "ok": ok,
+               "ms": _ms(fn, iters, warmup, device, world) if ok else None})
 
     # Inputs and upstream gradients in the layers' dtype, made once: outside every timed region.
     grad1 = g1[:, cols].to(dtype).contiguous()  # fc1's shard of dL/dY
@@ -181,14 +186,21 @@ def run(world, comm, self_comm, device: torch.device, dtype_name: str, tokens: i
             return y, xb.grad
 
         shard = slice(r * n, (r + 1) * n) if group.size > 1 else slice(None)
-        for param in (c.weight, c.bias, rw.weight, rw.bias):
+        block_params = (c.weight, c.bias, rw.weight, rw.bias)
+
+        def block_error(y, dx, c=c, rw=rw, shard=shard):
+            return _err((y, ref_out), (dx, ref_block[0]),
+                        (c.weight.grad, ref_block[1].t()[:, shard]),
+                        (c.bias.grad, ref_block[2][shard]),
+                        (rw.weight.grad, ref_block[3].t()[shard]), (rw.bias.grad, ref_block[4]))
+
+        for param in block_params:
             param.grad = None
-        y, dx = block()
-        error = _err((y, ref_out), (dx, ref_block[0]),
-                     (c.weight.grad, ref_block[1].t()[:, shard]),
-                     (c.bias.grad, ref_block[2][shard]),
-                     (rw.weight.grad, ref_block[3].t()[shard]), (rw.bias.grad, ref_block[4]))
-        add("mlp", "forward+backward", tokens, inner, hidden, error, block, tp=group.size)
+        add("mlp", "forward+backward", tokens, inner, hidden, block_error(*block()), block,
+            tp=group.size)
+        if cuda_graph and group.size > 1:
+            _keep(graph_row(world, device, tol, iters, warmup, result[-1], block, block_params,
+                            block_error))
     if sequence_parallel and p > 1:
         # The block on this rank's token block: SP column (AG+GEMM) then SP row (GEMM+RS).
         col_sp, row_sp = layers(comm, overlap=True, sp=True)
@@ -201,15 +213,22 @@ def run(world, comm, self_comm, device: torch.device, dtype_name: str, tokens: i
             y.backward(grad2[mine])
             return y, xb.grad
 
-        for param in (col_sp.weight, col_sp.bias, row_sp.weight, row_sp.bias):
+        sp_params = (col_sp.weight, col_sp.bias, row_sp.weight, row_sp.bias)
+
+        def sp_error(y, dx):
+            return _err((y, ref_out[mine]), (dx, ref_block[0][mine]),
+                        (col_sp.weight.grad, ref_block[1].t()[:, cols]),
+                        (col_sp.bias.grad, ref_block[2][cols]),
+                        (row_sp.weight.grad, ref_block[3].t()[rows_]),
+                        (row_sp.bias.grad, ref_block[4]))
+
+        for param in sp_params:
             param.grad = None
-        y, dx = sp_block()
-        error = _err((y, ref_out[mine]), (dx, ref_block[0][mine]),
-                     (col_sp.weight.grad, ref_block[1].t()[:, cols]),
-                     (col_sp.bias.grad, ref_block[2][cols]),
-                     (row_sp.weight.grad, ref_block[3].t()[rows_]),
-                     (row_sp.bias.grad, ref_block[4]))
-        add("sp mlp", "forward+backward", tokens, inner, hidden, error, sp_block)
+        add("sp mlp", "forward+backward", tokens, inner, hidden, sp_error(*sp_block()),
+            sp_block)
+        if cuda_graph:
+            _keep(graph_row(world, device, tol, iters, warmup, result[-1], sp_block, sp_params,
+                            sp_error))
         result += sequence_parallel_rows(
             world, comm, device, dtype_name, tol, iters, warmup,
             ((col_sp, row_sp), layers(comm, overlap=False, sp=True)), xd.detach(),
@@ -221,6 +240,45 @@ def run(world, comm, self_comm, device: torch.device, dtype_name: str, tokens: i
                                      (ref_dx1, ref_dw1.t()[:, cols], ref_db1[cols])),
                                on_row=record)
     return result
+
+
+def graph_row(world, device, tol, iters, warmup, eager: dict, block, params, error_of) -> dict:
+    """The row ``eager`` (a block's forward+backward) again with ``block`` captured into one
+    CUDA graph (``timing.capture``: a warm-up call on a side stream, then the capture; every
+    rank captures at once, so the collectives in it pair up) and replayed: the captured
+    outputs, dX and the ``params``' gradients (allocated by the capture, rewritten by every
+    replay) are poisoned with NaN, one replay runs, and ``error_of(y, dx)`` checks them; the
+    row is timed by replays only when every rank's check passed. A capture that fails is a
+    FAIL row whose ``error`` says why.
+
+    Raises:
+        ValueError: ``device`` is not a CUDA device.
+    """
+    if device.type != "cuda":
+        raise ValueError(f"CUDA graphs need a CUDA device; got {device}")
+    from .timing import capture
+
+    def fresh_block():
+        for param in params:  # the capture allocates the gradients it writes (no +=)
+            param.grad = None
+        return block()
+
+    row = {**eager, "cuda_graph": True, "ms": None, "ok": False}
+    try:
+        graph, (y, dx) = capture(fresh_block)
+        with torch.no_grad():
+            for t in (y, dx, *(param.grad for param in params)):
+                t.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize(device)
+        error = error_of(y, dx)
+    except RuntimeError as exc:  # a capture CUDA refuses: say why, on every rank
+        error, row["error"] = float("inf"), f"{type(exc).__name__}: {exc}"
+    row["max_rel_err"] = _agreed(error, world)
+    row["ok"] = row["max_rel_err"] <= tol
+    if row["ok"]:
+        row["ms"] = _ms(graph.replay, iters, warmup, device, world)
+    return row
 
 
 def _overlap_row(world, comm, device, dtype_name, tol, iters, warmup, row: dict, checks,

@@ -5,6 +5,7 @@ import json
 import re
 
 import pytest
+import torch
 from test_comm import PROGRAMS, mpirun, needs_mpi
 
 pytestmark = needs_mpi
@@ -71,6 +72,25 @@ def test_gemmlab_tp_sequence_parallel_rows_on_cpu(tmp_path, comm):
                  "--hidden", "32", "--sequence-parallel", "--comm", comm)
     assert odd.returncode == 2
     assert "--tokens (95) divisible by the TP size 2" in odd.stdout + odd.stderr
+
+
+@pytest.mark.parametrize("device, comm", [("cpu", "symm"), ("cpu", "mpi")])
+def test_gemmlab_tp_cuda_graph_needs_a_gpu_and_a_stream_ordered_comm(device, comm):
+    """--cuda-graph captures collectives, so it takes CUDA tensors and a communicator whose
+    GPU collectives are enqueued on streams: anything else is a usage error, before any
+    layer is built."""
+    result = mpirun(2, "-m", "bench.cli", "tp", "--device", device, "--tokens", "32",
+                    "--hidden", "16", "--comm", comm, "--cuda-graph")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "--cuda-graph needs --device cuda and a stream-ordered communicator" in (
+        result.stdout + result.stderr)
+
+
+def test_graph_row_refuses_a_cpu_device():
+    from bench.tp_bench import graph_row
+
+    with pytest.raises(ValueError, match="CUDA graphs need a CUDA device"):
+        graph_row(None, torch.device("cpu"), 1e-5, 1, 0, {}, lambda: None, (), None)
 
 
 def test_hidden_share_counts_what_overlap_saved_of_compute_plus_comm():

@@ -20,6 +20,10 @@ from ..session import (
     row_printer,
 )
 
+# Communicators whose GPU collectives are enqueued on streams (no host step inside), so a CUDA
+# graph can capture them; mpi and ring/mpi move data from the host.
+GRAPHED_COMMS = ("nccl", "symm", "ring", "ring/nccl")
+
 
 def _check(args) -> None:
     """The arguments' own checks (no rank count needed); raises UsageError."""
@@ -44,7 +48,12 @@ def run(args: argparse.Namespace, console: Console) -> int:
             raise UsageError(f"--sequence-parallel needs --tokens ({args.tokens}) divisible by "
                              f"the TP size {ranks}")
         check_gemm_backend(args.backend, args.dtype, device_type)
-        check_comm(args.comm or default_comm(device_type), args.dtype, device_type)
+        comm = args.comm or default_comm(device_type)
+        check_comm(comm, args.dtype, device_type)
+        if args.cuda_graph and (device_type != "cuda" or comm not in GRAPHED_COMMS):
+            raise UsageError(f"--cuda-graph needs --device cuda and a stream-ordered "
+                             f"communicator ({', '.join(GRAPHED_COMMS)}); got {device_type} "
+                             f"and {comm}")
 
     setup = mpi_setup(args, console, check)
     if isinstance(setup, int):
@@ -68,14 +77,17 @@ def run(args: argparse.Namespace, console: Console) -> int:
     tp_bench.run(world, comm, self_comm, device, args.dtype, args.tokens, args.hidden,
                  args.ffn_ratio, args.backend, args.chunks, args.iters, args.warmup_iters,
                  sm_margin=args.sm_margin, sequence_parallel=args.sequence_parallel,
-                 record=recorder.add)
+                 cuda_graph=args.cuda_graph, record=recorder.add)
     rows = recorder.rows
     timed = Table(title="TP layers against the dense layers")
-    for col in ("layer", "phase", "TP", "M", "N", "K", "dtype", "ms", "max rel err", "check"):
-        timed.add_column(col, justify="left" if col in ("layer", "phase", "check") else "right")
+    for col in ("layer", "phase", "timing", "TP", "M", "N", "K", "dtype", "ms", "max rel err",
+                "check"):
+        timed.add_column(col, justify="left" if col in ("layer", "phase", "timing", "check")
+                         else "right")
     for r in rows:
         if "ms" in r:
-            timed.add_row(r["layer"], r["phase"], str(r["tp"]), str(r["M"]), str(r["N"]),
+            timed.add_row(r["layer"], r["phase"], "CUDA graph" if r.get("cuda_graph") else
+                          "eager", str(r["tp"]), str(r["M"]), str(r["N"]),
                           str(r["K"]), r["dtype"], "-" if r["ms"] is None else f"{r['ms']:.3f}",
                           f"{r['max_rel_err']:.1e}", "PASS" if r["ok"] else "FAIL")
     say(timed)
@@ -100,7 +112,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
 
 
 def _describe(r: dict) -> str:
-    what = f"{r['layer']} {r['phase']}"
+    what = f"{r['layer']} {r['phase']}{' (CUDA graph)' if r.get('cuda_graph') else ''}"
     if not r.get("ok", True):
         return f"{what}: FAIL"
     ms = r.get("ms", r.get("overlapped_ms"))
@@ -116,6 +128,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     tpp.add_argument("--ffn-ratio", type=float, default=4, help="MLP expansion: fc1 is "
                      "hidden -> ratio * hidden")
     tpp.add_argument("--dtype", choices=TP, default="fp32")
+    tpp.add_argument("--cuda-graph", action="store_true",
+                     help="add the MLP block (and with --sequence-parallel the SP block) "
+                     "captured into one CUDA graph and replayed (nccl, symm or ring/nccl)")
     tpp.add_argument("--sequence-parallel", action="store_true",
                      help="add the sequence-parallel rows: the block on each rank's token "
                      "block, and AG+GEMM / GEMM+RS as compute, comm, serial, overlapped")

@@ -125,21 +125,27 @@ def ipc_unavailable_reason() -> str | None:
     return None
 
 
-# Rank ``rank`` writes ``epoch`` into its slot of every peer's header (one thread per peer),
-# then waits until every peer's slot in its own header has reached ``epoch``. The fences make
-# the rank's earlier writes (everything before the kernel on its stream) visible before its
-# flag, and the peers' before what follows the kernel (release, then acquire, at system scope
-# because the peers are other processes, possibly on other GPUs). Slots only grow, so the
-# comparison is ">= epoch" (a fast peer may already be at the next barrier), written as a
-# signed difference so that it survives the int32 wrap-around.
+# Rank ``rank`` advances its barrier count (a device-side counter after the flags of its own
+# header), writes the new count, ``epoch``, into its slot of every peer's header (one thread
+# per peer), then waits until every peer's slot in its own header has reached ``epoch``. The
+# count lives on the GPU, not in the launch's arguments, so a barrier captured into a CUDA
+# graph takes the next epoch at every replay, in step with the eager barriers around it. The
+# fences make the rank's earlier writes (everything before the kernel on its stream) visible
+# before its flag, and the peers' before what follows the kernel (release, then acquire, at
+# system scope because the peers are other processes, possibly on other GPUs). Slots only
+# grow, so the comparison is ">= epoch" (a fast peer may already be at the next barrier),
+# written as a signed difference so that it survives the 32-bit wrap-around.
 _SIGNAL_AND_WAIT = r"""
 extern "C" __global__ void signal_and_wait(const unsigned long long* headers, int rank,
-                                           int size, unsigned int epoch) {
+                                           int size) {
     int peer = threadIdx.x;
+    volatile unsigned int* mine = (volatile unsigned int*)headers[rank];
+    unsigned int epoch = mine[size] + 1;
+    __syncthreads();  // every thread has read the count before it moves
+    if (peer == 0) mine[size] = epoch;
     if (peer >= size) return;
     __threadfence_system();
     ((volatile unsigned int*)headers[peer])[rank] = epoch;
-    volatile unsigned int* mine = (volatile unsigned int*)headers[rank];
     while ((int)(mine[peer] - epoch) < 0) {
     }
     __threadfence_system();
@@ -186,10 +192,10 @@ class IpcHeap:
         self.comm = _same_node(comm, "symm on GPU")
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self.capacity, self.device = capacity, device
-        self._header = -(-4 * self.size // 256) * 256  # int32 flags, padded to 256 bytes
+        # int32 flags, one per rank, then this rank's barrier count; padded to 256 bytes
+        self._header = -(-4 * (self.size + 1) // 256) * 256
         nbytes = self._header + capacity
         runtime = cupy.cuda.runtime
-        self._epoch = 0
         self._opened: list[int] = []
         with cupy.cuda.Device(device.index):
             self._own = runtime.malloc(nbytes)
@@ -207,6 +213,7 @@ class IpcHeap:
             self._kernel = cupy.RawKernel(_SIGNAL_AND_WAIT, "signal_and_wait")
             self._peers = [self._wrap(base + self._header, capacity) for base in bases]
         self._last = torch.cuda.Event()  # end of the previous operation (see ``begin``)
+        self._last_captured = False  # whether it was recorded in a CUDA graph capture
         self.comm.Barrier()  # nobody signals before every rank has opened every buffer
 
     def _wrap(self, ptr: int, nbytes: int) -> torch.Tensor:
@@ -229,21 +236,25 @@ class IpcHeap:
 
     def begin(self) -> None:
         """Start of an operation on the current stream: wait for the previous one, which may
-        have run on another stream (``stream=``), since all use the same buffer."""
-        torch.cuda.current_stream(self.device).wait_event(self._last)
+        have run on another stream (``stream=``), since all use the same buffer. Not across
+        the edge of a CUDA graph capture: a capture cannot wait on work outside it, and its
+        replays are ordered by the stream they run on."""
+        capturing = torch.cuda.is_current_stream_capturing()
+        if capturing == self._last_captured:
+            torch.cuda.current_stream(self.device).wait_event(self._last)
 
     def end(self) -> None:
         """End of an operation on the current stream (what the next ``begin`` waits for)."""
+        self._last_captured = torch.cuda.is_current_stream_capturing()
         self._last.record(torch.cuda.current_stream(self.device))
 
     def barrier(self) -> None:
         import cupy
 
-        self._epoch = (self._epoch + 1) & 0xFFFFFFFF
         stream = torch.cuda.current_stream(self.device)
         with cupy.cuda.Device(self.device.index), cupy.cuda.ExternalStream(stream.cuda_stream):
             self._kernel((1,), (self.size,), (self._headers, np.int32(self.rank),
-                                              np.int32(self.size), np.uint32(self._epoch)))
+                                              np.int32(self.size)))
 
     def close(self) -> None:
         """Unmap the peers' buffers and free this rank's (collective over the ranks)."""
