@@ -162,7 +162,7 @@ def run(world, comm, self_comm, device: torch.device, dtype_name: str, tokens: i
         add("column", "forward", tokens, n, hidden, col_check[0], lambda: col(xd))
     y1 = col(xd)
     add("column", "backward", tokens, n, hidden, col_check[1],
-        lambda: _grads(y1, [xd, col.weight, col.bias], grad1))
+        lambda y1=y1: _grads(y1, [xd, col.weight, col.bias], grad1))
 
     # Row-parallel fc2 on this rank's block of h (input_is_parallel).
     hd = hr.detach()[:, rows_].to(dtype).contiguous().requires_grad_(True)
@@ -172,7 +172,10 @@ def run(world, comm, self_comm, device: torch.device, dtype_name: str, tokens: i
         add("row", "forward", tokens, hidden, k, _err((y2, out)), lambda: row(hd))
     add("row", "backward", tokens, hidden, k,
         _err((dx2, ref_dx2[:, rows_]), (dw2, ref_dw2.t()[rows_]), (db2, ref_db2)),
-        lambda: _grads(y2, [hd, row.weight, row.bias], grad2))
+        lambda y2=y2: _grads(y2, [hd, row.weight, row.bias], grad2))
+    # The autograd graphs the backward rows kept alive hold each weight's gradient
+    # accumulator, bound to the stream it was made on; a CUDA graph capture must make its own.
+    del y1, y2
 
     # The MLP block forward + backward, TP = P and TP = 1 (each rank alone): checked on its
     # output, dX and every parameter's gradient (this rank's shards at TP = P).
