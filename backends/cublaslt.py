@@ -135,7 +135,7 @@ class Plan:
         from nvmath.bindings import cublas
 
         lt = _lt()
-        self.device, self.handle = device, _handle(device)
+        self.device, handle = device, _handle(device)
         dtype = _data_type(p.dtype)
         compute = (cublas.ComputeType.COMPUTE_32F_FAST_TF32 if p.allow_tf32
                    else cublas.ComputeType.COMPUTE_32F)
@@ -149,14 +149,15 @@ class Plan:
         (a_order, lda), (b_order, ldb) = a_layout, b_layout
         set_desc(attr.TRANSA, cublas.Operation.N if b_order == "row" else cublas.Operation.T)
         set_desc(attr.TRANSB, cublas.Operation.N if a_order == "row" else cublas.Operation.T)
-        epilogue = {(None, False): lt.Epilogue.DEFAULT, (None, True): lt.Epilogue.RELU,
-                    ("full", False): lt.Epilogue.DEFAULT, ("full", True): lt.Epilogue.RELU,
-                    ("bias", False): lt.Epilogue.BIAS, ("bias", True): lt.Epilogue.RELU_BIAS}[
-            (p.c, p.relu)]
-        set_desc(attr.EPILOGUE, epilogue)
         self.bias, self.full_c = p.c == "bias", p.c == "full"
         if self.bias:
-            set_desc(attr.BIAS_POINTER, bias_ptr)
+            epilogue = lt.Epilogue.RELU_BIAS if p.relu else lt.Epilogue.BIAS
+        else:
+            epilogue = lt.Epilogue.RELU if p.relu else lt.Epilogue.DEFAULT
+        set_desc(attr.EPILOGUE, epilogue)
+        self._set_bias = functools.partial(set_desc, attr.BIAS_POINTER)
+        if self.bias:
+            self._set_bias(bias_ptr)
         self._bias_ptr = bias_ptr
 
         def layout(rows, cols, ld):
@@ -181,17 +182,18 @@ class Plan:
             set_pref(getattr(pattr, f"MIN_ALIGNMENT_{which}_BYTES"), alignment)
         self._heuristic = lt.MatmulHeuristicResult(1)
         found = np.zeros(1, dtype=np.int32)
-        lt.matmul_algo_get_heuristic(self.handle, desc, bt, at, ct, dt, preference, 1,
+        lt.matmul_algo_get_heuristic(handle, desc, bt, at, ct, dt, preference, 1,
                                      self._heuristic.ptr, found.ctypes.data)
         if found[0] == 0:
             raise RuntimeError(f"cuBLASLt has no algorithm for {p} (alignment {alignment} B)")
         # cublasLtMatmulHeuristicResult_t opens with its cublasLtMatmulAlgo_t.
         algo = self._heuristic.ptr
         self._call = lt.matmul
-        self._desc, self._set_desc = desc, set_desc
-        # cublasLtMatmul's arguments around the four pointers and the stream.
-        self.head = (self.handle, desc, alpha)
-        self.layouts = (bt, at, beta, ct, dt, algo)
+        # cublasLtMatmul's arguments around the four pointers, and those after D's pointer
+        # but for the stream's workspace and the stream.
+        self._head = (handle, desc, alpha)
+        self._layouts = (bt, at, beta, ct)
+        self._d_layout_and_algo = (dt, algo)
         self.text = (f"cuBLASLt via nvmath.bindings, {epilogue.name} epilogue"
                      f"{', C with beta=1' if p.c == 'full' else ''}, {compute.name}, "
                      f"{alignment}-byte alignment, "
@@ -209,11 +211,11 @@ class Plan:
         pointer when there is no full C: beta is 0 then, and C is not read)."""
         tail = self._tails.get(stream)
         if tail is None:  # D's layout, the algorithm, the stream's workspace, the stream
-            tail = self._tails[stream] = (self.layouts[4], self.layouts[5],
+            tail = self._tails[stream] = (*self._d_layout_and_algo,
                                           *_workspace(self.device, stream), stream)
-        bt, at, beta, ct = self.layouts[:4]
+        bt, at, beta, ct = self._layouts
         c = c_ptr if self.full_c else d_ptr
-        return (*self.head, b_ptr, bt, a_ptr, at, beta, c, ct, d_ptr, *tail)
+        return (*self._head, b_ptr, bt, a_ptr, at, beta, c, ct, d_ptr, *tail)
 
     def matmul(self, a_ptr: int, b_ptr: int, c_ptr: int, d_ptr: int, stream: int) -> None:
         """One ``cublasLtMatmul`` on ``stream``: D (at ``d_ptr``) = act(A B + C), ``c_ptr``
@@ -224,7 +226,7 @@ class Plan:
             return
         with self._lock:  # the bias pointer lives in the shared descriptor
             if c_ptr != self._bias_ptr:
-                self._set_desc(_lt().MatmulDescAttribute.BIAS_POINTER, c_ptr)
+                self._set_bias(c_ptr)
                 self._bias_ptr = c_ptr
             self._call(*args)
 
