@@ -15,16 +15,18 @@ a NaN-poisoned output:
   launch of the compiled kernel for triton_fused.
 - ``gemm_us``: ``backends.gemm(a, b, c, activation="relu", backend=...)``, tuned (the
   default), after its first call has bound the signature.
-- ``untuned_us``: the same with ``tuned=False``; ``tuned_us`` = gemm_us - untuned_us, what the
-  tuned-table lookup adds per call.
-- ``added_us`` = gemm_us - wrapped_us: what ``gemm()`` adds (its checks, its binding look-up,
-  the NVTX range).
+- ``untuned_us``: the same with ``tuned=False``; ``tuned_us``, the median over rounds of
+  gemm() minus untuned, is what the tuned-table lookup adds per call.
+- ``added_us``: what ``gemm()`` adds (its checks, its binding look-up, the NVTX range): the
+  median over rounds of the round's gemm() time minus its wrapped-call time, and
+  ``added_iqr_us`` the quartiles of those differences. A host whose speed drifts between
+  loops (a shared machine) shows as a wide range: a target inside it is within the noise.
 - ``signature_guard``: which guard found the binding (``backends.signature``).
 
-Each figure is host time: the median over ``rounds`` rounds (the three calls taking turns) of
-``timeit`` loops of ``number`` back-to-back calls, divided by ``number``, with the GPU
-synchronized between loops. The GPU runs each tiny kernel faster than the host issues it,
-so the loop measures the host.
+Each figure is host time: the median over ``rounds`` rounds (the three calls taking turns,
+in an order rotated each round) of ``timeit`` loops of ``number`` back-to-back calls,
+divided by ``number``, with the GPU synchronized between loops. The GPU runs each tiny
+kernel faster than the host issues it, so the loop measures the host.
 """
 
 from __future__ import annotations
@@ -179,21 +181,45 @@ def measure(name: str, dtype_name: str, device: torch.device, shape=SHAPE, *, ro
     slowest = max(_host_us(call, 1, device) for call in calls.values())
     number = row["number"] = max(1, min(number, int(200 * 50 / slowest)))
     samples = {label: [] for label in calls}
-    for _ in range(rounds):
-        for label, call in calls.items():
-            samples[label].append(_host_us(call, number, device))
+    order = list(calls)
+    for r in range(rounds):  # the order rotates, so no call always runs first or last
+        for label in order[r % len(order):] + order[:r % len(order)]:
+            samples[label].append(_host_us(calls[label], number, device))
     row.update({label: statistics.median(s) for label, s in samples.items()}, ok=True)
-    row["added_us"] = row["gemm_us"] - row["wrapped_us"]
+    added = [g - w for g, w in zip(samples["gemm_us"], samples["wrapped_us"])]
+    row["added_us"] = statistics.median(added)
+    row["added_iqr_us"] = _quartiles(added)
     if impl.pin is not None:
-        row["tuned_us"] = row["gemm_us"] - row["untuned_us"]
+        row["tuned_us"] = statistics.median(
+            g - u for g, u in zip(samples["gemm_us"], samples["untuned_us"]))
     return row
+
+
+def _quartiles(values: list[float]) -> list[float]:
+    """The first and third quartiles of ``values`` (both the value when there is one)."""
+    if len(values) < 2:
+        return [values[0], values[0]]
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return [q1, q3]
+
+
+def added_text(row: dict, spec: str = ".1f") -> str:
+    """``added_us`` and its quartiles, as "2.9 (2.5-3.3)"; "-" when not measured (rows
+    recorded before the quartiles were kept show the median alone)."""
+    if row.get("added_us") is None:
+        return "-"
+    iqr = row.get("added_iqr_us")
+    text = format(row["added_us"], spec)
+    return f"{text} ({iqr[0]:{spec}}-{iqr[1]:{spec}})" if iqr else text
 
 
 def targets_missed(row: dict) -> list[str]:
     """The targets (``TARGET_*``) a measured row misses, as short phrases."""
     missed = []
     if row["added_us"] > TARGET_ADDED_US:
-        missed.append(f"adds {row['added_us']:.1f} > {TARGET_ADDED_US:g} µs")
+        iqr = row.get("added_iqr_us")
+        noise = " (its quartiles reach below: noise?)" if iqr and iqr[0] <= TARGET_ADDED_US else ""
+        missed.append(f"adds {row['added_us']:.1f} > {TARGET_ADDED_US:g} µs{noise}")
     limit = {"triton_fused": TARGET_TRITON_US}.get(
         row["backend"], TARGET_CUDA_US if row["backend"] in CUDA_KERNELS else None)
     if limit is not None and row["gemm_us"] > limit:

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .gemm_bench import FORMULAS, LAUNCH_BOUND
+from .overhead_bench import added_text
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -160,14 +161,15 @@ def overhead_table(directory: str, data: dict) -> str:
     """What ``gemm()`` adds over the wrapped library call, per backend."""
     body = []
     for r in data["rows"]:
-        keys = ("wrapped_us", "gemm_us", "added_us", "tuned_us")
+        keys = ("wrapped_us", "gemm_us", "tuned_us")
         if r["ok"]:
             values = ["-" if r.get(k) is None else f"{r[k]:.1f}" for k in keys]
+            values.insert(2, added_text(r))
         else:
             values = ["FAIL", "-", "-", "-"]
         body.append([f"`{r['backend']}`", r["dtype"], _shape(r), *values])
-    header = ["backend", "dtype", "shape", "wrapped call µs", "gemm() µs", "added µs",
-              "tuned look-up µs"]
+    header = ["backend", "dtype", "shape", "wrapped call µs", "gemm() µs",
+              "added µs (quartiles)", "tuned look-up µs"]
     return (_table(header, "lllrrrr", body) + "\n\n"
             + _provenance(directory, data.get("meta", {})))
 

@@ -107,8 +107,8 @@ def test_launch_table_without_launch_bound_rows(tmp_path):
 def test_overhead_table(tmp_path):
     rows = [
         {"backend": "cublas", "dtype": "fp32", "M": 128, "N": 128, "K": 128, "wrapped_us": 5.04,
-         "gemm_us": 7.26, "untuned_us": 7.0, "added_us": 2.22, "tuned_us": 0.26, "ok": True,
-         "error": ""},
+         "gemm_us": 7.26, "untuned_us": 7.0, "added_us": 2.22, "added_iqr_us": [1.96, 2.54],
+         "tuned_us": 0.26, "ok": True, "error": ""},
         {"backend": "cupy", "dtype": "fp16", "M": 256, "N": 128, "K": 64, "wrapped_us": 9.0,
          "gemm_us": 10.0, "untuned_us": 10.0, "added_us": 1.0, "tuned_us": None, "ok": True,
          "error": ""},
@@ -118,9 +118,10 @@ def test_overhead_table(tmp_path):
     ]
     d = write(tmp_path, "overhead", rows)
     assert rt.render("overhead", d).split("\n")[:5] == [
-        "| backend | dtype | shape | wrapped call µs | gemm() µs | added µs | tuned look-up µs |",
+        "| backend | dtype | shape | wrapped call µs | gemm() µs | added µs (quartiles) "
+        "| tuned look-up µs |",
         "| --- | --- | --- | ---: | ---: | ---: | ---: |",
-        "| `cublas` | fp32 | 128³ | 5.0 | 7.3 | 2.2 | 0.3 |",
+        "| `cublas` | fp32 | 128³ | 5.0 | 7.3 | 2.2 (2.0-2.5) | 0.3 |",
         "| `cupy` | fp16 | 256×128×64 | 9.0 | 10.0 | 1.0 | - |",
         "| `cutlass` | fp32 | 128³ | FAIL | - | - | - |",
     ]

@@ -150,11 +150,15 @@ def test_overhead_figures_come_from_the_timed_calls(monkeypatch, name):
     row = overhead_bench.measure(name, "fp32", device, (8, 8, 8), rounds=3, number=200)
     assert row["ok"], row["error"]
     # The slowest probe took 100 µs: loops of 200 * 50 / 100 = 100 calls.
+    # The rounds' order rotates: no call always runs first.
     assert loops == [("gemm", 1), ("untuned", 1), ("wrapped", 1)] + [
-        ("gemm", 100), ("untuned", 100), ("wrapped", 100)] * 3
+        ("gemm", 100), ("untuned", 100), ("wrapped", 100),
+        ("untuned", 100), ("wrapped", 100), ("gemm", 100),
+        ("wrapped", 100), ("gemm", 100), ("untuned", 100)]
     assert row["number"] == 100
     assert (row["wrapped_us"], row["gemm_us"], row["untuned_us"]) == (2.0, 7.0, 6.0)
-    assert row["added_us"] == 5.0
+    # added: the median of the rounds' differences (6, 4, 5), quartiles inclusive.
+    assert row["added_us"] == 5.0 and row["added_iqr_us"] == [4.5, 5.5]
     assert row["tuned_us"] == (1.0 if name == "triton_fused" else None)  # cublas: nothing tuned
 
 
@@ -176,3 +180,17 @@ def test_targets_missed_names_each_target():
     assert overhead_bench.targets_missed(row) == []
     row = {"backend": "cublas", "added_us": 2.9, "gemm_us": 30.0, "tuned_us": None}
     assert overhead_bench.targets_missed(row) == []
+    # A miss whose quartiles reach below the target says so; one clear of it does not.
+    row = {"backend": "cublas", "added_us": 3.4, "added_iqr_us": [2.6, 4.0], "gemm_us": 30.0,
+           "tuned_us": None}
+    assert overhead_bench.targets_missed(row) == [
+        "adds 3.4 > 3 µs (its quartiles reach below: noise?)"]
+    row["added_iqr_us"] = [3.1, 4.0]
+    assert overhead_bench.targets_missed(row) == ["adds 3.4 > 3 µs"]
+
+
+def test_added_text_shows_the_quartiles_when_recorded():
+    assert overhead_bench.added_text({"added_us": 2.94, "added_iqr_us": [2.51, 3.26]}) == \
+        "2.9 (2.5-3.3)"
+    assert overhead_bench.added_text({"added_us": 2.94}) == "2.9"  # an older results file
+    assert overhead_bench.added_text({"added_us": None}) == "-"
