@@ -14,15 +14,12 @@ from ..session import (
     add_layer_options,
     add_run_options,
     check_comm,
+    check_cuda_graph,
     check_gemm_backend,
     default_comm,
     mpi_setup,
     row_printer,
 )
-
-# Communicators whose GPU collectives are enqueued on streams (no host step inside), so a CUDA
-# graph can capture them; mpi and ring/mpi move data from the host.
-GRAPHED_COMMS = ("nccl", "symm", "ring", "ring/nccl")
 
 
 def _check(args) -> None:
@@ -50,10 +47,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
         check_gemm_backend(args.backend, args.dtype, device_type)
         comm = args.comm or default_comm(device_type)
         check_comm(comm, args.dtype, device_type)
-        if args.cuda_graph and (device_type != "cuda" or comm not in GRAPHED_COMMS):
-            raise UsageError(f"--cuda-graph needs --device cuda and a stream-ordered "
-                             f"communicator ({', '.join(GRAPHED_COMMS)}); got {device_type} "
-                             f"and {comm}")
+        if args.cuda_graph:
+            check_cuda_graph(device_type, comm)
 
     setup = mpi_setup(args, console, check)
     if isinstance(setup, int):
@@ -130,7 +125,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     tpp.add_argument("--dtype", choices=TP, default="fp32")
     tpp.add_argument("--cuda-graph", action="store_true",
                      help="add the MLP block (and with --sequence-parallel the SP block) "
-                     "captured into one CUDA graph and replayed (nccl, symm or ring/nccl)")
+                     "captured into one CUDA graph and replayed (a stream-ordered communicator: "
+                     "nccl, symm, ring or ring/nccl)")
     tpp.add_argument("--sequence-parallel", action="store_true",
                      help="add the sequence-parallel rows: the block on each rank's token "
                      "block, and AG+GEMM / GEMM+RS as compute, comm, serial, overlapped")
