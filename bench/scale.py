@@ -37,15 +37,28 @@ Measured per workload, after one checked step and ``--warmup`` steps:
   Narayanan et al. 2021 (arXiv:2104.04473, sec. 5.1: 72 B S h^2 + 12 B S^2 h for r = 4).
   LayerNorm, softmax, ReLU and bias adds are not counted.
 
+With ``--sequence-parallel`` both workloads run Megatron-LM's sequence parallelism
+(``tp.layers``, Korthikanti et al. 2022, arXiv:2205.05198): each rank holds its block of the
+flattened tokens, (tokens / P, hidden), the column-parallel inputs are all-gathered into the
+GEMM (AG+GEMM) and the row-parallel outputs reduce-scattered (GEMM+RS), chunk by chunk with
+``--overlap``; the layer's LayerNorms run on the block. The model FLOPs are the same; the
+recorded collectives are the all-gathers and reduce-scatters. Needs P to divide the tokens.
+
+With ``--cuda-graph`` (CUDA, a stream-ordered communicator) the checked step is also
+captured into one CUDA graph (``bench.tp_bench.replayed``): its output and every gradient
+are poisoned, one replay is checked like the eager step, and ``graph_step_ms`` is the mean of
+``--iters`` replays, the slowest rank's, beside the eager ``step_ms``.
+
 Check before timing: the first step's output, input gradient and every parameter's
 gradient (each rank's shard against the same part of the dense one, ``shard`` of the TP
-layers) are compared (relative Frobenius error, for a parameter's gradient over the larger of
-its norm and the typical size of them all, ``_parameter_errors``; the dtype's tolerance in
-``backends.dtypes``; NaN or inf fails) with the same workload built at TP = 1 on
-``MPI.COMM_SELF`` from the same seed in fp32, with its weights rounded to the run's dtype, so
-both see the same values. The reference runs on all the tokens (a weight's gradient sums
-over every one of them): one dense step in fp32 per rank, once. A workload that fails is
-reported FAIL and not timed (exit status 1).
+layers; with sequence parallelism the output and input gradient against the rank's token
+block of the dense ones) are compared (relative Frobenius error, for a parameter's gradient
+over the larger of its norm and the typical size of them all, ``_parameter_errors``; the
+dtype's tolerance in ``backends.dtypes``; NaN or inf fails) with the same workload built at
+TP = 1 on ``MPI.COMM_SELF`` from the same seed in fp32, with its weights rounded to the run's
+dtype, so both see the same values. The reference runs on all the tokens (a weight's
+gradient sums over every one of them): one dense step in fp32 per rank, once. A workload
+that fails is reported FAIL and not timed (exit status 1).
 """
 
 from __future__ import annotations
@@ -92,15 +105,19 @@ class Problem:
 
 
 def problem(workload: str, mode: str, p: int, tokens: int, hidden: int, ffn_ratio: int,
-            heads: int, seq: int) -> Problem:
+            heads: int, seq: int, sequence_parallel: bool = False) -> Problem:
     """The sizes of ``workload`` at TP degree ``p`` under ``mode``'s rule (module doc).
 
     Raises:
-        ValueError: a size that P does not divide (ffn or heads), heads that do not divide
-            hidden, tokens not a multiple of seq, a size < 1.
+        ValueError: a size that P does not divide (ffn or heads; the tokens with
+            ``sequence_parallel``), heads that do not divide hidden, tokens not a multiple of
+            seq, a size < 1.
     """
     if min(p, tokens, hidden, ffn_ratio, heads, seq) < 1:
         raise ValueError("sizes, --ffn-ratio and the number of ranks must be >= 1")
+    if sequence_parallel and tokens % p:
+        raise ValueError(f"sequence parallelism needs --tokens ({tokens}) divisible by the "
+                         f"TP size {p}")
     grow = p if mode == "weak" else 1
     ffn = ffn_ratio * hidden * grow
     if ffn % p:
@@ -119,12 +136,15 @@ def problem(workload: str, mode: str, p: int, tokens: int, hidden: int, ffn_rati
 
 
 def build(prob: Problem, comm, *, backend: str, overlap: bool, chunks: int, sm_margin: int,
-          device: torch.device, dtype: torch.dtype) -> nn.Module:
+          device: torch.device, dtype: torch.dtype, sequence_parallel: bool = False
+          ) -> nn.Module:
     """The workload as a module over the TP communicator ``comm`` (any size: the TP = 1
     reference passes a one-rank one), weights from torch's global RNG: seed it first to get
     the same function at every TP degree. Input and output (tokens, hidden) for the MLP,
-    (tokens / seq, seq, hidden) for the layer, in ``dtype``. NVTX ranges: ``mlp.fc1``,
-    ``mlp.fc2``; the layer's are TransformerLayer's (``layer.fc_q`` ... ``layer.fc2``).
+    (tokens / seq, seq, hidden) for the layer, in ``dtype``; with ``sequence_parallel`` each
+    rank's block of the flattened tokens, (tokens / P, hidden), for both (the layer is then
+    called as ``layer(x, seq_len=seq)``). NVTX ranges: ``mlp.fc1``, ``mlp.fc2``; the layer's
+    are TransformerLayer's (``layer.fc_q`` ... ``layer.fc2``).
 
     Raises:
         ValueError: from the TP layers (e.g. overlap without asynchronous communication).
@@ -132,13 +152,14 @@ def build(prob: Problem, comm, *, backend: str, overlap: bool, chunks: int, sm_m
     from tp.layers import ColumnParallelLinear, RowParallelLinear
     from tp.transformer import TransformerLayer
 
-    common = {"backend": backend, "overlap": overlap, "device": device, "dtype": dtype}
+    common = {"backend": backend, "overlap": overlap, "device": device, "dtype": dtype,
+              "sequence_parallel": sequence_parallel}
     h = prob.hidden
     if prob.workload == "mlp":
         return nn.Sequential(
             ColumnParallelLinear(h, prob.ffn, comm, activation="relu", sm_margin=sm_margin,
                                  master=nn.Linear(h, prob.ffn, device=device), name="mlp.fc1",
-                                 **common),
+                                 chunks=chunks, **common),
             RowParallelLinear(prob.ffn, h, comm, chunks=chunks, sm_margin=sm_margin,
                               master=nn.Linear(prob.ffn, h, device=device), name="mlp.fc2",
                               **common))
@@ -213,21 +234,23 @@ def _part_of(model: nn.Module, name: str, full: torch.Tensor) -> torch.Tensor:
 
 
 def measure(prob: Problem, mode: str, world, comm, self_comm, device: torch.device,
-            dtype_name: str, settings: dict, iters: int, warmup: int, seed: int = 0) -> dict:
+            dtype_name: str, settings: dict, iters: int, warmup: int, seed: int = 0,
+            cuda_graph: bool = False) -> dict:
     """One row: check the workload against its TP = 1 fp32 reference, then time the step
-    and its communication alone (module doc). Collective over ``world`` (= the TP group
-    ``comm``); ``self_comm`` is a one-rank communicator. ``settings``: the keyword arguments
-    of ``build`` other than sizes, device and dtype.
+    and its communication alone (module doc); with ``cuda_graph``, the step once more
+    captured into one CUDA graph, checked and timed by replays. Collective over ``world``
+    (= the TP group ``comm``); ``self_comm`` is a one-rank communicator. ``settings``: the
+    keyword arguments of ``build`` other than sizes, device and dtype.
 
     Raises:
-        ValueError: from ``build``.
+        ValueError: from ``build``; ``cuda_graph`` on a device that is not CUDA.
     """
     from mpi4py import MPI
 
     import backends
     from backends import dtypes
 
-    from .tp_bench import _ms
+    from .tp_bench import _ms, replayed
 
     spec = dtypes.parse(dtype_name, dtypes.TP)
     dtype = spec.torch
@@ -235,7 +258,8 @@ def measure(prob: Problem, mode: str, world, comm, self_comm, device: torch.devi
     model = build(prob, comm, device=device, dtype=dtype, **settings)
     torch.manual_seed(seed)
     reference = build(prob, self_comm, device=device, dtype=torch.float32,
-                      **{**settings, "backend": "cublas", "overlap": False, "sm_margin": 0})
+                      **{**settings, "backend": "cublas", "overlap": False, "sm_margin": 0,
+                         "sequence_parallel": False})
     with torch.no_grad():
         for param in reference.parameters():
             param.copy_(param.to(dtype))  # the values the run's shards hold
@@ -243,29 +267,45 @@ def measure(prob: Problem, mode: str, world, comm, self_comm, device: torch.devi
              else (prob.tokens // prob.seq, prob.seq, prob.hidden))
     torch.manual_seed(seed + 1)  # the same input and upstream gradient on every rank
     x, grad_y = (torch.randn(shape, device=device).to(dtype) for _ in range(2))
+    forward, mine = model, (lambda t: t)
+    if settings.get("sequence_parallel"):  # this rank's block of the flattened tokens
+        block = prob.tokens // prob.p
+        rows = slice(comm.rank * block, (comm.rank + 1) * block)
 
-    def stepper(module, x, grad_y, every=False):
-        params = list(module.parameters())
+        def mine(t):
+            return t.reshape(prob.tokens, prob.hidden)[rows]
+        if prob.seq is not None:
+            def forward(x):
+                return model(x, seq_len=prob.seq)
 
-        def step():
-            xg = x.detach().requires_grad_(True)
-            y = module(xg)
-            grads = torch.autograd.grad(y, [xg, *params], grad_y)
-            return (y, *grads) if every else (y, grads[0])
-        return step
+    params = list(model.parameters())
 
-    step = stepper(model, x, grad_y)
+    def step(every=False):
+        xg = mine(x).detach().requires_grad_(True)
+        y = forward(xg)
+        grads = torch.autograd.grad(y, [xg, *params], mine(grad_y))
+        return (y, *grads) if every else (y, grads[0])
+
     calls = []
     with recording(comm, calls):
-        y, *grads = stepper(model, x, grad_y, every=True)()
-    ref_y, *ref_grads = stepper(reference, x.float(), grad_y.float(), every=True)()
-    wants = [_part_of(model, name, ref) for (name, _), ref
+        y, *grads = step(every=True)
+    xr = x.float().requires_grad_(True)
+    ref_y = reference(xr)
+    ref_grads = torch.autograd.grad(ref_y, [xr, *reference.parameters()], grad_y.float())
+    # What this rank's output, dX and parameter gradients must be (copies: the full
+    # reference is freed before timing).
+    want_y, want_dx = (mine(t).detach().clone() for t in (ref_y, ref_grads[0]))
+    wants = [_part_of(model, name, ref).clone() for (name, _), ref
              in zip(model.named_parameters(), ref_grads[1:])]
-    err = max([backends.relative_error(got.float(), want) if torch.isfinite(got).all()
-               else math.inf for got, want in ((y, ref_y), (grads[0], ref_grads[0]))]
-              + _parameter_errors(grads[1:], wants))
-    err = world.allreduce(err, op=MPI.MAX)
-    del reference, ref_y, ref_grads, wants, y, grads
+    del reference, xr, ref_y, ref_grads
+
+    def error_of(y, dx, *param_grads):
+        return max([backends.relative_error(got.float(), want) if torch.isfinite(got).all()
+                    else math.inf for got, want in ((y, want_y), (dx, want_dx))]
+                   + _parameter_errors(param_grads, wants))
+
+    err = world.allreduce(error_of(y, *grads), op=MPI.MAX)
+    del y, grads
     row = {"workload": prob.workload, "mode": mode, "P": prob.p, "tokens": prob.tokens,
            "seq": prob.seq, "hidden": prob.hidden, "ffn": prob.ffn, "heads": prob.heads,
            "head_dim": prob.head_dim, "dtype": dtype_name, "rule": RULES[mode],
@@ -275,11 +315,21 @@ def measure(prob: Problem, mode: str, world, comm, self_comm, device: torch.devi
         comm_ms = _ms(replay(comm, calls, device), iters, warmup, device, world) if calls else 0.0
         row |= {"step_ms": step_ms, "comm_ms": comm_ms, "comm_share": comm_ms / step_ms,
                 "tflops_per_gpu": prob.flops_per_rank() / (step_ms * 1e-3) / 1e12}
+    if cuda_graph:
+        graphed = (replayed(world, device, lambda: step(every=True), error_of,
+                            spec.tolerance, iters, warmup) if row["ok"]
+                   else {"ms": None, "max_rel_err": None, "ok": False})
+        row |= {"graph_step_ms": graphed["ms"], "graph_max_rel_err": graphed["max_rel_err"],
+                "ok": row["ok"] and graphed["ok"]}
+        if "error" in graphed:
+            row["graph_error"] = graphed["error"]
     row |= {"collectives": len(calls),
             "comm_bytes": sum(math.prod(c[1]) * c[2].itemsize for c in calls),
             "flops_per_gpu": prob.flops_per_rank(), **settings, "comm": comm.name,
-            "device": device.type, "iters": iters, "warmup": warmup}
+            "device": device.type, "iters": iters, "warmup": warmup, "cuda_graph": cuda_graph}
     return row
+
+
 def plot(rows: list[dict], path: Path) -> None:
     """One bar per workload: the step time, split into its communication alone and the rest."""
     import matplotlib

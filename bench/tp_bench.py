@@ -247,12 +247,32 @@ def run(world, comm, self_comm, device: torch.device, dtype_name: str, tokens: i
 
 def graph_row(world, device, tol, iters, warmup, eager: dict, block, params, error_of) -> dict:
     """The row ``eager`` (a block's forward+backward) again with ``block`` captured into one
-    CUDA graph (``timing.capture``: a warm-up call on a side stream, then the capture; every
-    rank captures at once, so the collectives in it pair up) and replayed: the captured
-    outputs, dX and the ``params``' gradients (allocated by the capture, rewritten by every
-    replay) are poisoned with NaN, one replay runs, and ``error_of(y, dx)`` checks them; the
-    row is timed by replays only when every rank's check passed. A capture that fails is a
-    FAIL row whose ``error`` says why.
+    CUDA graph and replayed (``replayed``): its outputs, dX and the ``params``' gradients are
+    poisoned, and ``error_of(y, dx)`` checks one replay before the row is timed by replays.
+
+    Raises:
+        ValueError: ``device`` is not a CUDA device.
+    """
+    def captured():
+        for param in params:  # the capture allocates the gradients it writes (no +=)
+            param.grad = None
+        y, dx = block()
+        return (y, dx, *(param.grad for param in params))
+
+    checked = replayed(world, device, captured, lambda y, dx, *grads: error_of(y, dx), tol,
+                       iters, warmup)
+    return {**eager, "cuda_graph": True, **checked}
+
+
+def replayed(world, device, fn, error_of, tol, iters, warmup) -> dict:
+    """``fn`` (returning a tuple of tensors) captured into one CUDA graph (``timing.capture``:
+    a warm-up call on a side stream, then the capture; every rank captures at once, so the
+    collectives in it pair up), checked, then timed by replays: the tensors the capture
+    returned (allocated by it, rewritten by every replay) are poisoned with NaN, one replay
+    runs, and ``error_of(*tensors)`` checks them, agreed over the ranks; the replays are
+    timed (``ms``, mean ms per replay, the slowest rank's) only when every rank passed.
+    Returns ``{"max_rel_err", "ok", "ms"}``, and ``"error"`` saying why when CUDA refused the
+    capture (then the error is inf and nothing is timed).
 
     Raises:
         ValueError: ``device`` is not a CUDA device.
@@ -261,27 +281,22 @@ def graph_row(world, device, tol, iters, warmup, eager: dict, block, params, err
         raise ValueError(f"CUDA graphs need a CUDA device; got {device}")
     from .timing import capture
 
-    def fresh_block():
-        for param in params:  # the capture allocates the gradients it writes (no +=)
-            param.grad = None
-        return block()
-
-    row = {**eager, "cuda_graph": True, "ms": None, "ok": False}
+    result = {"ms": None}
     try:
-        graph, (y, dx) = capture(fresh_block)
+        graph, outputs = capture(fn)
         with torch.no_grad():
-            for t in (y, dx, *(param.grad for param in params)):
+            for t in outputs:
                 t.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize(device)
-        error = error_of(y, dx)
+        error = error_of(*outputs)
     except RuntimeError as exc:  # a capture CUDA refuses: say why, on every rank
-        error, row["error"] = float("inf"), f"{type(exc).__name__}: {exc}"
-    row["max_rel_err"] = _agreed(error, world)
-    row["ok"] = row["max_rel_err"] <= tol
-    if row["ok"]:
-        row["ms"] = _ms(graph.replay, iters, warmup, device, world)
-    return row
+        error, result["error"] = float("inf"), f"{type(exc).__name__}: {exc}"
+    result["max_rel_err"] = _agreed(error, world)
+    result["ok"] = result["max_rel_err"] <= tol
+    if result["ok"]:
+        result["ms"] = _ms(graph.replay, iters, warmup, device, world)
+    return result
 
 
 def _overlap_row(world, comm, device, dtype_name, tol, iters, warmup, row: dict, checks,

@@ -88,6 +88,39 @@ def test_weak_merge_formulas():
     assert scale_series.merge("weak", {2: rows[2]})[0]["speedup"] is None  # no P = 1
 
 
+@pytest.mark.parametrize("comm", ["symm", "mpi"])
+def test_sequence_parallel_workloads_match_the_dense_ones(tmp_path, comm):
+    """With --sequence-parallel each rank holds a block of the tokens: the output and dX
+    blocks and every gradient are checked against the TP = 1 reference before timing, and
+    the recorded communication is the chunked all-gathers and reduce-scatters."""
+    result = mpirun(2, "-m", "bench.cli", "scale", "strong", *TINY, "--comm", comm,
+                    "--sequence-parallel", "--out", str(tmp_path), timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "sequence parallel" in result.stdout
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert [r["workload"] for r in rows] == ["mlp", "layer"]
+    for r in rows:
+        assert r["ok"] and r["max_rel_err"] <= 1e-5 and r["step_ms"] > 0 and r["comm_ms"] > 0
+        assert r["sequence_parallel"] and not r["cuda_graph"]
+    mlp, layer = rows
+    # MLP, 4 chunks of each 32-token block: fc1's all-gathers (8 x 32) and fc2's
+    # reduce-scatters (16 x 32) forward, the same backward, and fc2's bias all-reduce.
+    assert mlp["collectives"] == 17
+    assert mlp["comm_bytes"] == 4 * (2 * 8 * 32 + 2 * 16 * 32) * 4 + 32 * 4
+    # Layer: 8 per TP linear (6 of them), the row biases (2) and the LayerNorms' 4 params.
+    assert layer["collectives"] == 6 * 8 + 2 + 4
+
+
+def test_sequence_parallel_and_cuda_graph_refuse_what_they_cannot_run():
+    odd = mpirun(2, "-m", "bench.cli", "scale", "strong", *TINY, "--tokens", "33", "--seq",
+                 "11", "--sequence-parallel", timeout=60)
+    assert odd.returncode == 2, odd.stdout + odd.stderr
+    assert "sequence parallelism needs --tokens (33) divisible by the TP size 2" in odd.stdout
+    graph = mpirun(2, "-m", "bench.cli", "scale", "strong", *TINY, "--cuda-graph", timeout=60)
+    assert graph.returncode == 2, graph.stdout + graph.stderr
+    assert "--cuda-graph needs --device cuda and a stream-ordered communicator" in graph.stdout
+
+
 def test_a_size_the_tp_degree_does_not_divide_is_an_error():
     result = mpirun(2, "-m", "bench.cli", "scale", "strong", *TINY, "--hidden", "33",
                     "--ffn-ratio", "1", "--workload", "mlp", timeout=60)

@@ -16,6 +16,7 @@ from ..session import (
     add_layer_options,
     add_run_options,
     check_comm,
+    check_cuda_graph,
     check_gemm_backend,
     csv_list,
     default_comm,
@@ -40,11 +41,14 @@ def run(args: argparse.Namespace, console: Console) -> int:
         try:
             for w in workloads:
                 problem(w, args.mode, ranks, args.tokens, args.hidden, args.ffn_ratio,
-                        args.heads, args.seq)
+                        args.heads, args.seq, args.sequence_parallel)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
         check_gemm_backend(args.backend, dtype_name, device_type)
-        check_comm(args.comm or default_comm(device_type), dtype_name, device_type)
+        comm = args.comm or default_comm(device_type)
+        check_comm(comm, dtype_name, device_type)
+        if args.cuda_graph:
+            check_cuda_graph(device_type, comm)
 
     setup = mpi_setup(args, console, check)
     if isinstance(setup, int):
@@ -65,33 +69,39 @@ def run(args: argparse.Namespace, console: Console) -> int:
         return CANNOT_RUN
     dtype_name = args.dtype or ("bf16" if device.type == "cuda" else "fp32")
     problems = [problem(w, args.mode, p, args.tokens, args.hidden, args.ffn_ratio, args.heads,
-                        args.seq) for w in csv_list(args.workload)]
+                        args.seq, args.sequence_parallel) for w in csv_list(args.workload)]
     comm = tp.comm.create(args.comm or default_comm(device.type), world, device)
     self_comm = tp.comm.create("mpi", MPI.COMM_SELF, device)
     settings = {"backend": args.backend, "overlap": args.overlap, "chunks": args.chunks,
-                "sm_margin": args.sm_margin}
+                "sm_margin": args.sm_margin, "sequence_parallel": args.sequence_parallel}
     margin = f", SM margin {args.sm_margin}" if device.type == "cuda" else ""
+    extras = "".join(f", {what}" for what, on in (("sequence parallel", args.sequence_parallel),
+                                                  ("CUDA graph", args.cuda_graph)) if on)
     say(f"gemmlab scale {args.mode}: TP={p}, {device.type}, {dtype_name}, backend "
         f"{args.backend}, {comm.name}, overlap {'on' if args.overlap else 'off'}, "
-        f"{args.chunks} chunks{margin}; {RULES[args.mode]}", highlight=False)
+        f"{args.chunks} chunks{margin}{extras}; {RULES[args.mode]}", highlight=False)
     recorder = Recorder(args.out if world.Get_rank() == 0 else None, plot,
                         row_printer(console, _describe, len(problems))
                         if world.Get_rank() == 0 else None)
     for prob in problems:
         recorder.add(measure(prob, args.mode, world, comm, self_comm, device, dtype_name,
-                             settings, args.iters, args.warmup_iters))
+                             settings, args.iters, args.warmup_iters,
+                             cuda_graph=args.cuda_graph))
     comm.close()
     rows = recorder.rows
     per = "/GPU" if device.type == "cuda" else "/rank"
     table = Table(title=f"gemmlab scale {args.mode}, P = {p}, {dtype_name}, {device.type}")
-    for col in ("workload", "P", "tokens", "hidden", "ffn", "heads", "step ms", "comm ms",
-                "comm share", f"FLOP/s{per}", "rel err", "check"):
+    graph = ("graph step ms",) if args.cuda_graph else ()
+    for col in ("workload", "P", "tokens", "hidden", "ffn", "heads", "step ms", *graph,
+                "comm ms", "comm share", f"FLOP/s{per}", "rel err", "check"):
         table.add_column(col, justify="left" if col in ("workload", "check") else "right")
     for r in rows:
         timed = "step_ms" in r
+        graphed = (f"{r['graph_step_ms']:.3f}" if r["graph_step_ms"] is not None else "-",
+                   ) if args.cuda_graph else ()
         table.add_row(r["workload"], str(r["P"]), str(r["tokens"]), str(r["hidden"]),
                       str(r["ffn"]), "-" if r["heads"] is None else str(r["heads"]),
-                      f"{r['step_ms']:.3f}" if timed else "-",
+                      f"{r['step_ms']:.3f}" if timed else "-", *graphed,
                       f"{r['comm_ms']:.3f}" if timed else "-",
                       f"{r['comm_share']:.0%}" if timed else "-",
                       flops(r["tflops_per_gpu"]) if timed else "-",
@@ -99,10 +109,11 @@ def run(args: argparse.Namespace, console: Console) -> int:
     say(table)
     for path in recorder.finish():
         say(f"wrote {path}")
-    failed = [r["workload"] for r in rows if not r["ok"]]
-    if failed:
-        say(f"FAIL {', '.join(failed)}: output or input gradient off the TP = 1 fp32 "
-            f"reference; not timed")
+    failed = [r for r in rows if not r["ok"]]
+    for r in failed:
+        why = (f"the CUDA graph: {r.get('graph_error', 'its replay was off the reference')}"
+               if "step_ms" in r else "output or a gradient off the TP = 1 fp32 reference")
+        say(f"FAIL {r['workload']}: {why}; not timed")
     return 1 if failed else 0
 
 
@@ -135,6 +146,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     scale.add_argument("--dtype", choices=TP, help="default bf16 on GPUs, fp32 on CPUs")
     scale.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True,
                        help="compute/communication overlap in the TP layers")
+    scale.add_argument("--sequence-parallel", action="store_true",
+                       help="Megatron-LM sequence parallelism: token blocks between layers, "
+                       "AG+GEMM and GEMM+RS (needs P to divide --tokens)")
+    scale.add_argument("--cuda-graph", action="store_true",
+                       help="also time the step captured into one CUDA graph and replayed "
+                       "(CUDA; nccl, symm, ring or ring/nccl)")
     add_layer_options(scale, "steps")
     add_run_options(scale)
     scale.set_defaults(func=run)
