@@ -8,8 +8,8 @@ stored once and no intermediate touches global memory. Programs are ordered in g
 GROUP_M tile rows so that tiles running together share rows of A and columns of B in L2.
 
 On a GPU the tile shape, ``num_warps`` and ``num_stages`` come from ``triton.autotune``
-over ``CONFIGS_16BIT`` (fp16/bf16 and TF32) or ``CONFIGS_FP32`` (IEEE fp32), tuned once per
-(M, N, K, dtype, precision). Under the Triton interpreter (``TRITON_INTERPRET=1``, CPU
+over ``CONFIGS_16BIT`` (fp16/bf16), ``CONFIGS_TF32`` or ``CONFIGS_FP32`` (IEEE fp32), tuned
+once per (M, N, K, dtype, precision). Under the Triton interpreter (``TRITON_INTERPRET=1``, CPU
 tensors) nothing can be timed, so one small ``INTERPRETER_CONFIG`` is used. ``gemmlab tune``
 searches a grid that holds those lists (``search_space``) and stores its winners in the tuned
 table, whose entry for a call's shape bucket is then pinned instead.
@@ -26,6 +26,15 @@ driver API, ``cuTensorMapEncodeTiled``); a call that does not qualify (a 1-D bia
 broadcast or transposed operand, rows of K or N elements that are not a multiple of 16
 bytes, a GPU before compute capability 9.0) runs the pointer kernel above with the same
 tiles, and ``last_config()`` says why.
+
+TF32 needs B K-major. Hopper's TF32 ``wgmma`` reads both operands K-major from shared memory
+(only 16-bit types may be transposed there: PTX ISA, ``wgmma.mma_async``). A row-major B is
+N-major, so Triton (3.9) fills its tiles with 4-byte ``cp.async`` copies that transpose as
+they go, where a K-major B takes 16-byte ones (the PTX of the 128x128x32 pointer kernel holds
+48 4-byte and 12 16-byte copies; with B K-major, 24 16-byte ones). On an H200 at 4096^3 that ran at
+25-43% of cuBLASLt's TF32 GEMM, and at 87-88% with B K-major. So TF32 calls with an N-major B
+first copy B K-major (``k_major``, a tiled transpose kernel) and run the GEMM on the copy; the
+copy is part of the call and of its kernel time.
 """
 
 from __future__ import annotations
@@ -68,6 +77,16 @@ CONFIGS_16BIT = [
     _config(64, 128, 64, 4, 4),
     _config(128, 128, 32, 4, 4),
     _config(64, 64, 64, 4, 5),
+]
+# TF32: 4-byte operands on the tensor cores, so BLOCK_K 32 where 16-bit takes 64 (the same
+# bytes per stage). Measured on an H200 at 4096^3 and 8192^3 with B K-major: 128x256x32 with
+# 8 warps, 3 stages, ran at 87-88% of cuBLASLt's TF32 GEMM, 128x128x64 at 70%.
+CONFIGS_TF32 = [
+    _config(128, 256, 32, 8, 3),
+    _config(256, 128, 32, 8, 3),
+    _config(128, 128, 64, 8, 3),
+    _config(128, 128, 32, 4, 4),
+    _config(64, 64, 32, 4, 4),
 ]
 # IEEE fp32 runs on the FMA units: 4-byte operands, smaller K steps.
 CONFIGS_FP32 = [
@@ -215,12 +234,42 @@ def fused_gemm_persistent_kernel(a_desc, b_desc, c_desc, d_desc, M, N, K,
                      _epilogue(acc1, c1, HAS_C, RELU).to(d_desc.dtype))
 
 
+@triton.jit
+def transpose_kernel(src_ptr, dst_ptr, R, C, stride_r, stride_c, BLOCK: tl.constexpr):
+    """dst (C, R), contiguous, = src^T for src (R, C) of any strides: one BLOCK x BLOCK tile
+    per program, read along src's rows and written along dst's (Triton moves the tile
+    between the two layouts through shared memory)."""
+    offs_r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    offs_c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = (offs_r[:, None] < R) & (offs_c[None, :] < C)
+    tile = tl.load(src_ptr + offs_r[:, None] * stride_r + offs_c[None, :] * stride_c, mask=mask)
+    tl.store(dst_ptr + offs_c[None, :] * R + offs_r[:, None], tile, mask=mask)
+
+
+TRANSPOSE_BLOCK = 64
+
+
+def k_major(b: torch.Tensor) -> torch.Tensor:
+    """B (K, N) as a new K-major (column-major) copy, strides (1, K): a TF32 ``tl.dot`` on an
+    H200 reads it with 16-byte copies where an N-major B takes 4-byte ones (the TF32 wgmma
+    wants both operands K-major; see the module doc)."""
+    k, n = b.shape
+    dst = torch.empty((n, k), dtype=b.dtype, device=b.device)
+    grid = (triton.cdiv(k, TRANSPOSE_BLOCK), triton.cdiv(n, TRANSPOSE_BLOCK))
+    transpose_kernel[grid](b, dst, k, n, b.stride(0), b.stride(1), BLOCK=TRANSPOSE_BLOCK)
+    return dst.t()
+
+
 def _prune(configs, named_args, **kwargs):
-    """Keep the config list that matches the operand type (tensor cores or FMA units)."""
+    """Keep the config list that matches the operand type: 16-bit or TF32 on the tensor
+    cores, IEEE fp32 on the FMA units."""
     precision = {**named_args, **kwargs}["INPUT_PRECISION"]  # passed by position or name
-    ieee_fp32 = named_args["a_ptr"].dtype == torch.float32 and precision == "ieee"
-    wanted = CONFIGS_FP32 if ieee_fp32 else CONFIGS_16BIT
-    return [c for c in configs if c in wanted]
+    if named_args["a_ptr"].dtype != torch.float32:
+        wanted = CONFIGS_16BIT
+    else:
+        wanted = CONFIGS_FP32 if precision == "ieee" else CONFIGS_TF32
+    # by identity: a config of one list may equal one of another (Config compares values)
+    return [c for c in configs if any(c is w for w in wanted)]
 
 
 def _even_k(args: dict) -> bool:
@@ -236,7 +285,7 @@ def autotuned(configs: list[triton.Config], prune: bool = True) -> triton.runtim
         triton.heuristics({"EVEN_K": _even_k})(fused_gemm_kernel))
 
 
-tuned_kernel = autotuned(CONFIGS_16BIT + CONFIGS_FP32)
+tuned_kernel = autotuned(CONFIGS_16BIT + CONFIGS_FP32 + CONFIGS_TF32)
 
 
 @functools.cache
@@ -432,6 +481,9 @@ def bind(p: Problem, config: triton.Config | None = None) -> Launch:
         torch.cuda.current_device() if p.device.type == "cuda" else None)
     compiled: list = []  # [kernel, grid, make_args] once the first launch has compiled
     described: list = [config, ""]
+    # TF32 with an N-major B (N contiguous, as a row-major B is): B goes through a K-major
+    # copy first (``k_major``), decided at the first call (a launch is for one signature).
+    transposed: list = []
 
     def first(a, b, c, out):
         """Launch through Triton's JIT, then keep what later launches need."""
@@ -471,6 +523,8 @@ def bind(p: Problem, config: triton.Config | None = None) -> Launch:
 
             def make_args(a, b, c, out):
                 return (a, b, out if c is None else c, out, *fixed)
+        if transposed[0]:
+            described[1] += "; B copied K-major first (TF32)"
         if not INTERPRETED:
             compiled[:] = kernel, grid, make_args
 
@@ -480,6 +534,10 @@ def bind(p: Problem, config: triton.Config | None = None) -> Launch:
 
     def launch(a, b, c, out):
         out = p.output(out)
+        if not transposed:
+            transposed.append(p.allow_tf32 and b.stride(1) == 1 and b.stride(0) != 1)
+        if transposed[0]:
+            b = k_major(b)
         if not compiled or current_device() != device:
             with torch.cuda.device(device) if a.is_cuda else contextlib.nullcontext():
                 first(a, b, c, out)

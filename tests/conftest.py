@@ -29,10 +29,12 @@ def pytest_collection_modifyitems(config, items):
 
 def pinned_triton_configs() -> list:
     """One config of each of triton_fused's real autotune lists, the smallest tiles of each:
-    ``CONFIGS_16BIT[-1]`` (fp16, bf16 and TF32) and ``CONFIGS_FP32[-1]`` (IEEE fp32)."""
+    ``CONFIGS_16BIT[-1]`` (fp16, bf16), ``CONFIGS_TF32[-1]`` and ``CONFIGS_FP32[-1]`` (IEEE
+    fp32)."""
     from backends import triton_fused
 
-    return [triton_fused.CONFIGS_16BIT[-1], triton_fused.CONFIGS_FP32[-1]]
+    return [triton_fused.CONFIGS_16BIT[-1], triton_fused.CONFIGS_TF32[-1],
+            triton_fused.CONFIGS_FP32[-1]]
 
 
 @pytest.fixture(autouse=True)
@@ -41,8 +43,8 @@ def one_triton_config(request, monkeypatch):
     specialization (minutes); tests pin one config per operand type unless marked
     ``autotune`` (those run the real autotuner over every config). The pinned autotuner
     holds ``pinned_triton_configs()`` and prunes them as the real one does
-    (``triton_fused._prune``: CONFIGS_16BIT for fp16, bf16 and TF32, CONFIGS_FP32 for IEEE
-    fp32), so each call runs a config of its own dtype's list; left with one config, Triton's
+    (``triton_fused._prune``: CONFIGS_16BIT for fp16 and bf16, CONFIGS_TF32, CONFIGS_FP32 for
+    IEEE fp32), so each call runs a config of its own dtype's list; left with one config, Triton's
     autotuner launches it without benchmarking. The launch path is unchanged."""
     if HAS_GPU and "autotune" not in request.keywords:
         from backends import triton_fused

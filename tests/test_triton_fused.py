@@ -72,15 +72,39 @@ def test_autotuned_kernel(dtype, rng):
     assert "BLOCK_M" in triton_fused.last_config()
     # The real autotuner (the fixture leaves it alone here), and its pick from the dtype's list.
     assert triton_fused.tuned_kernel.configs == (triton_fused.CONFIGS_16BIT
-                                                 + triton_fused.CONFIGS_FP32)
+                                                 + triton_fused.CONFIGS_FP32
+                                                 + triton_fused.CONFIGS_TF32)
     own = triton_fused.CONFIGS_FP32 if dtype == torch.float32 else triton_fused.CONFIGS_16BIT
     assert any(triton_fused.last_config() == f"{c}; pointer kernel" for c in own)
+
+
+@pytest.mark.parametrize("n,k", [(70, 45), (1, 33), (130, 1)])
+def test_k_major_copies_b_exactly(n, k, rng):
+    """The TF32 path's copy of B: the same values, K-major (strides (1, K)), from a row-major
+    B and from a strided view alike."""
+    b = torch.randn(k, 2 * n, generator=rng).to(DEVICE)[:, ::2]
+    copy = triton_fused.k_major(b)
+    assert copy.stride() == (1, k) and torch.equal(copy, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["row-major", "K-major"])
+def test_tf32_copies_an_n_major_b_k_major_first(layout, rng):
+    """TF32 with a row-major B runs on a K-major copy (and says so); a K-major B is used as
+    it is. Both match the reference at TF32's tolerance."""
+    a, b, c = random_inputs(129, 70, 67, torch.float32, "cuda", "full", rng)
+    if layout == "K-major":
+        b = b.t().contiguous().t()
+    d = gemm(a, b, c, activation="relu", backend="triton_fused", allow_tf32=True, tuned=False)
+    assert_matches_reference(d, a, b, c, "relu", allow_tf32=True)
+    copied = "B copied K-major first (TF32)" in triton_fused.last_config()
+    assert copied == (layout == "row-major")
 
 
 # (dtype, allow_tf32, the list the autotuner keeps for it)
 OPERAND_TYPES = [(torch.float16, False, triton_fused.CONFIGS_16BIT),
                  (torch.bfloat16, False, triton_fused.CONFIGS_16BIT),
-                 (torch.float32, True, triton_fused.CONFIGS_16BIT),
+                 (torch.float32, True, triton_fused.CONFIGS_TF32),
                  (torch.float32, False, triton_fused.CONFIGS_FP32)]
 OPERAND_IDS = ["fp16", "bf16", "tf32", "fp32"]
 
