@@ -112,14 +112,21 @@ def _train(tmp_path, name, ranks, *args):
 
 
 def test_training_follows_the_single_process_curve_with_any_layout(tmp_path):
+    """DP, TP, both, and TP with sequence parallelism (each TP rank's loss is its tokens'
+    part of the mean) all follow one process's loss curve."""
     single, _ = _train(tmp_path, "single", 1)
     assert len(single["loss"]) == 4 and single["loss"][-1] < single["loss"][0]
     assert single["summary"]["configuration"] == "DP 1 x TP 1"
+    assert not single["summary"]["sequence_parallel"] and not single["summary"]["cuda_graph"]
     reference = str(tmp_path / "single" / "results.json")
-    for ranks, tp, label in ((2, 2, "DP 1 x TP 2"), (2, 1, "DP 2 x TP 1"), (4, 2, "DP 2 x TP 2")):
-        run, stdout = _train(tmp_path, f"tp{tp}x{ranks}", ranks, "--tp", str(tp),
-                             "--reference", reference)
+    for ranks, tp, sp, label in ((2, 2, False, "DP 1 x TP 2"), (2, 1, False, "DP 2 x TP 1"),
+                                 (4, 2, False, "DP 2 x TP 2"), (2, 2, True, "DP 1 x TP 2, SP"),
+                                 (4, 2, True, "DP 2 x TP 2, SP")):
+        run, stdout = _train(tmp_path, label.replace(" ", "").replace(",", "-"), ranks, "--tp",
+                             str(tp), "--reference", reference,
+                             *(["--sequence-parallel"] if sp else []))
         assert run["summary"]["configuration"] == label
+        assert run["summary"]["sequence_parallel"] is sp
         assert max(abs(a - b) for a, b in zip(run["loss"], single["loss"])) < 1e-4
         assert re.search(r"largest \|loss - reference loss\| over 4 steps", stdout)
 
@@ -132,3 +139,75 @@ def test_train_rejects_a_layout_that_does_not_fit(tmp_path):
                     "--batch", "5", "--steps", "1")
     assert result.returncode == 2 and result.stderr == ""
     assert result.stdout == "error: --batch 5 is not a multiple of the DP size 2\n"
+
+
+def test_train_rejects_sequence_parallelism_on_tokens_the_tp_size_does_not_divide():
+    result = mpirun(2, "-m", "bench.cli", "train", "--device", "cpu", "--tp", "2",
+                    "--sequence-parallel", "--batch", "3", "--seq", "5", "--steps", "1")
+    assert result.returncode == 2 and result.stderr == ""
+    assert result.stdout == ("error: --sequence-parallel needs the tokens of each DP rank's "
+                             "batch (--batch 3 / DP 1 x --seq 5 = 15) to be a multiple of "
+                             "--tp 2\n")
+
+
+@pytest.mark.parametrize("comm", ["mpi", "symm"])
+def test_train_cuda_graph_needs_a_gpu_and_a_stream_ordered_comm(comm):
+    """The graph captures the DP and TP collectives: on a CPU it is a usage error, before
+    any model is built."""
+    result = mpirun(1, "-m", "bench.cli", "train", "--device", "cpu", "--comm", comm,
+                    "--cuda-graph", "--steps", "5")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stdout.startswith("error: --cuda-graph needs --device cuda and a "
+                                    "stream-ordered communicator")
+
+
+def _one_rank_gpt(sequence_parallel: bool):
+    from mpi4py import MPI
+
+    import tp.comm
+    from tp.transformer import GPT, GPTConfig
+
+    comm = tp.comm.create("mpi", MPI.COMM_SELF, "cpu")
+    config = GPTConfig(seq_len=8, hidden=32, heads=4, layers=2)
+    return GPT(config, comm, seed=1, sequence_parallel=sequence_parallel)
+
+
+def test_sequence_parallel_gpt_on_one_rank_is_the_plain_gpt():
+    """At TP = 1 the block is every token: the same logits (flattened), loss and
+    gradients."""
+    generator = torch.Generator().manual_seed(0)
+    idx, targets = (torch.randint(0, 256, (3, 8), generator=generator) for _ in range(2))
+    plain, sp = _one_rank_gpt(False), _one_rank_gpt(True)
+    torch.testing.assert_close(sp(idx), plain(idx).reshape(24, 256), rtol=0, atol=0)
+    loss_plain, loss_sp = plain.loss(idx, targets), sp.loss(idx, targets)
+    torch.testing.assert_close(loss_sp, loss_plain, rtol=1e-6, atol=0)
+    loss_plain.backward()
+    loss_sp.backward()
+    for (name, a), b in zip(plain.named_parameters(), sp.parameters()):
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_sequence_parallel_gpt_refuses_tokens_the_tp_size_does_not_divide():
+    from types import SimpleNamespace
+
+    from tp.transformer import GPT, GPTConfig
+
+    two_ranks = SimpleNamespace(size=2, rank=0)  # refused before any communication
+    model = GPT(GPTConfig(seq_len=8, hidden=16, heads=2, layers=1), two_ranks, overlap=False,
+                sequence_parallel=True)
+    with pytest.raises(ValueError, match="the B \\* T = 15 tokens to be a multiple of the "
+                                         "TP size 2"):
+        model(torch.zeros(3, 5, dtype=torch.int64))
+
+
+def test_train_refuses_a_cuda_graph_on_cpu_before_building_anything():
+    from mpi4py import MPI
+
+    import tp.comm
+    from tp.train import train
+    from tp.transformer import GPTConfig
+
+    comm = tp.comm.create("mpi", MPI.COMM_SELF, "cpu")
+    with pytest.raises(ValueError, match="CUDA graphs need a CUDA device; got cpu"):
+        train(GPTConfig(), comm, comm, steps=5, batch=2, lr=1e-3, seed=0,
+              device=torch.device("cpu"), cuda_graph=True)

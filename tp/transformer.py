@@ -13,6 +13,7 @@ Per layer, pre-LayerNorm: x + attention(LN(x)), then x + MLP(LN(x)).
   flattened (B * T) tokens, runs the LayerNorms and residual adds on it alone, and the
   column layers all-gather it while the row layers reduce-scatter back to it (in place of
   the all-reduce). The LayerNorms' gradients are summed over the ranks (``replicated``).
+  ``GPT`` runs its final LayerNorm, LM head and loss on the block as well.
 
 Every weight is cut from one dense master built from ``seed`` in the same order on every
 rank, so models with any TP degree start from the same function and, trained on the same
@@ -121,24 +122,43 @@ class TransformerLayer(nn.Module):
     def _norm(self, ln: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
         """``ln(x)``; on a token block (sequence parallelism) with its gradients summed over
         the TP group."""
-        if not self.sequence_parallel:
-            return ln(x)
-        return F.layer_norm(x, ln.normalized_shape, replicated(ln.weight, self.comm),
-                            replicated(ln.bias, self.comm), ln.eps)
+        return block_layer_norm(ln, x, self.comm) if self.sequence_parallel else ln(x)
+
+
+def block_layer_norm(ln: nn.LayerNorm, x: torch.Tensor, comm) -> torch.Tensor:
+    """``ln(x)`` on this TP rank's block of the tokens (sequence parallelism), (tokens / P,
+    hidden) -> the same shape: each rank's weight and bias gradients cover its tokens only,
+    so they are summed over the TP group (``replicated``; Korthikanti et al. 2022,
+    arXiv:2205.05198, sec. 4.2.2)."""
+    return F.layer_norm(x, ln.normalized_shape, replicated(ln.weight, comm),
+                        replicated(ln.bias, comm), ln.eps)
 
 
 class GPT(nn.Module):
     """Byte-level GPT: embeddings, ``layers`` tensor-parallel layers, LayerNorm, LM head.
 
-    ``forward(idx)`` maps token ids (B, T) to logits (B, T, vocab); ``loss(idx, targets)`` is
-    the mean cross-entropy. Built from ``seed`` on the CPU RNG (the global RNG is left as it
-    was), then moved to ``device`` and ``dtype``.
+    ``forward(idx)`` maps token ids (B, T), int64, T <= ``config.seq_len``, to logits (B, T,
+    vocab); ``loss(idx, targets)`` is the mean cross-entropy over the B * T tokens, a float32
+    scalar. Built from ``seed`` on the CPU RNG (the global RNG is left as it was), then moved
+    to ``device`` and ``dtype``.
+
+    With ``sequence_parallel`` (Megatron-LM's sequence parallelism, Korthikanti et al. 2022,
+    arXiv:2205.05198, sec. 4.2.2) every TP rank computes the embeddings of all B * T tokens
+    and keeps its block of the flattened tokens, rows r * B * T / P .. (r + 1) * B * T / P
+    for TP rank r of P (Megatron-LM scatters the embeddings' output the same way); the
+    layers (``TransformerLayer(sequence_parallel=True)``), the final LayerNorm and the LM
+    head run on that block alone. The embeddings', final LayerNorm's and head's weights are
+    whole on every rank but meet only its tokens, so their gradients are summed over the TP
+    group (``replicated``). ``forward`` then returns the block's logits, (B * T / P, vocab),
+    and ``loss`` this rank's part of the mean: the sum of the block's cross-entropies divided
+    by all B * T tokens. The parts sum over the TP group to the mean loss, and the backward
+    of each rank's part gives every rank the gradients of the mean.
     """
 
     def __init__(self, config: GPTConfig, comm, *, seed: int = 0, backend: str = "cublas",
-                 overlap: bool = True, device=None, dtype=None):
+                 overlap: bool = True, device=None, dtype=None, sequence_parallel: bool = False):
         super().__init__()
-        self.config = config
+        self.config, self.comm, self.sequence_parallel = config, comm, sequence_parallel
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             self.tok = nn.Embedding(config.vocab, config.hidden)
@@ -146,19 +166,60 @@ class GPT(nn.Module):
             self.layers = nn.ModuleList(
                 TransformerLayer(config.hidden, config.heads, comm, mlp_ratio=config.mlp_ratio,
                                  backend=backend, overlap=overlap, device=device, dtype=dtype,
-                                 name=f"layer{i}")
+                                 name=f"layer{i}", sequence_parallel=sequence_parallel)
                 for i in range(config.layers))
             self.ln_f = nn.LayerNorm(config.hidden)
             self.head = nn.Linear(config.hidden, config.vocab)
         self.to(device=device, dtype=dtype)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        positions = torch.arange(idx.shape[1], device=idx.device)
-        x = self.tok(idx) + self.pos(positions)
+        """Token ids (B, T), int64 -> logits (B, T, vocab); with ``sequence_parallel``, this
+        rank's block of the flattened tokens' logits, (B * T / P, vocab).
+
+        Raises:
+            ValueError: with ``sequence_parallel``, B * T not a multiple of the TP size.
+        """
+        b, t = idx.shape
+        positions = torch.arange(t, device=idx.device)
+        if not self.sequence_parallel:
+            x = self.tok(idx) + self.pos(positions)
+            for layer in self.layers:
+                x = layer(x)
+            return self.head(self.ln_f(x))
+        rows = self._block(b * t)
+        x = (F.embedding(idx, replicated(self.tok.weight, self.comm))
+             + F.embedding(positions, replicated(self.pos.weight, self.comm)))
+        x = x.reshape(b * t, -1)[rows]
         for layer in self.layers:
-            x = layer(x)
-        return self.head(self.ln_f(x))
+            x = layer(x, seq_len=t)
+        x = block_layer_norm(self.ln_f, x, self.comm)
+        return F.linear(x, replicated(self.head.weight, self.comm),
+                        replicated(self.head.bias, self.comm))
 
     def loss(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Cross-entropy of ``idx``'s next-token predictions against ``targets`` (B, T),
+        int64: the mean over the B * T tokens, a float32 scalar; with ``sequence_parallel``,
+        this rank's part of it (the class doc: the parts sum over the TP group to the mean).
+
+        Raises:
+            ValueError: as ``forward``.
+        """
         logits = self(idx)
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
+        if not self.sequence_parallel:
+            return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
+                                   targets.reshape(-1))
+        mine = targets.reshape(-1)[self._block(targets.numel())]
+        return F.cross_entropy(logits.float(), mine, reduction="sum") / targets.numel()
+
+    def _block(self, tokens: int) -> slice:
+        """This TP rank's rows of the ``tokens`` flattened tokens (sequence parallelism).
+
+        Raises:
+            ValueError: ``tokens`` not a multiple of the TP size.
+        """
+        p = self.comm.size
+        if tokens % p:
+            raise ValueError(f"sequence parallelism needs the B * T = {tokens} tokens to be a "
+                             f"multiple of the TP size {p}")
+        n = tokens // p
+        return slice(self.comm.rank * n, (self.comm.rank + 1) * n)

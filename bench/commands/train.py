@@ -1,4 +1,5 @@
-"""``gemmlab train``: a small GPT trained with DP x TP (``mpiexec -n P``)."""
+"""``gemmlab train``: a small GPT trained with DP x TP (``mpiexec -n P``), optionally
+sequence-parallel and captured into a CUDA graph."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from ..session import (
     add_layer_options,
     add_run_options,
     check_comm,
+    check_cuda_graph,
     check_gemm_backend,
     default_comm,
     mpi_setup,
@@ -52,7 +54,9 @@ def run(args: argparse.Namespace, console: Console) -> int:
     """``gemmlab train`` (one process) or ``mpiexec -n P gemmlab train --tp T --dp D``: 0
     when it trained, 2 for a mistake in the arguments."""
     def check(device_type: str, ranks: int) -> None:
-        from tp.transformer import GPTConfig  # after mpi_setup's Triton interpreter policy
+        # after mpi_setup's Triton interpreter policy
+        from tp.train import GRAPH_WARMUP_STEPS
+        from tp.transformer import GPTConfig
 
         tp_size, dp = _layout(args, ranks)
         if min(args.steps, args.batch, args.seq, args.hidden, args.heads, args.layers) < 1:
@@ -66,8 +70,19 @@ def run(args: argparse.Namespace, console: Console) -> int:
                              f"multiple of --tp {tp_size}")
         if args.batch % dp:
             raise UsageError(f"--batch {args.batch} is not a multiple of the DP size {dp}")
+        if args.sequence_parallel and (tokens := args.batch // dp * args.seq) % tp_size:
+            raise UsageError(f"--sequence-parallel needs the tokens of each DP rank's batch "
+                             f"(--batch {args.batch} / DP {dp} x --seq {args.seq} = {tokens}) "
+                             f"to be a multiple of --tp {tp_size}")
         check_gemm_backend(args.backend, args.dtype, device_type)
-        check_comm(args.comm or default_comm(device_type), args.dtype, device_type)
+        comm = args.comm or default_comm(device_type)
+        check_comm(comm, args.dtype, device_type)
+        if args.cuda_graph:
+            check_cuda_graph(device_type, comm)
+            if args.steps <= GRAPH_WARMUP_STEPS:
+                raise UsageError(f"--cuda-graph needs --steps > {GRAPH_WARMUP_STEPS}: the "
+                                 f"first {GRAPH_WARMUP_STEPS} steps run eagerly before the "
+                                 f"capture")
         if args.reference:
             _reference(args.reference)
 
@@ -79,7 +94,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
 
     import tp.comm
     from tp.grid import ProcessGrid
-    from tp.train import train
+    from tp.train import GRAPH_WARMUP_STEPS, train
     from tp.transformer import GPTConfig
 
     from ..recording import Recorder
@@ -91,7 +106,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
     comm_name = args.comm or default_comm(device.type)
     tp_comm = tp.comm.create(comm_name, grid.tp_comm, device)
     dp_comm = tp.comm.create(comm_name, grid.dp_comm, device)
-    label = f"DP {dp} x TP {tp_size}"
+    label = (f"DP {dp} x TP {tp_size}" + (", SP" if args.sequence_parallel else "")
+             + (", CUDA graph" if args.cuda_graph else ""))
     say(f"gemmlab train: {label}, {device.type}, {args.dtype}, backend {args.backend}, "
         f"{tp_comm.name}; {config}", highlight=False)
     reference = _reference(args.reference) if args.reference else None
@@ -108,10 +124,14 @@ def run(args: argparse.Namespace, console: Console) -> int:
 
     result = train(config, tp_comm, dp_comm, steps=args.steps, batch=args.batch, lr=args.lr,
                    seed=args.seed, device=device, dtype=DTYPES[args.dtype].torch,
-                   backend=args.backend, overlap=not args.no_overlap, log=log)
-    timed = result.step_ms[1:] or result.step_ms  # the first step includes compilation
+                   backend=args.backend, overlap=not args.no_overlap,
+                   sequence_parallel=args.sequence_parallel, cuda_graph=args.cuda_graph,
+                   log=log)
+    # the first step includes compilation; with a CUDA graph, the replays are what is timed
+    timed = result.step_ms[GRAPH_WARMUP_STEPS if args.cuda_graph else 1:] or result.step_ms
     summary = {"configuration": label, "tp": tp_size, "dp": dp, "device": device.type,
                "dtype": args.dtype, "backend": args.backend, "comm": tp_comm.name,
+               "sequence_parallel": args.sequence_parallel, "cuda_graph": args.cuda_graph,
                "steps": args.steps, "ms_per_step": statistics.median(timed),
                "tokens_per_s": args.batch * args.seq / (statistics.median(timed) / 1e3),
                "final_loss": result.loss[-1], "torch_threads": torch.get_num_threads()}
@@ -159,6 +179,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     tr.add_argument("--lr", type=float, default=3e-3)
     tr.add_argument("--dtype", choices=TP, default="fp32")
     tr.add_argument("--no-overlap", action="store_true", help="no compute/communication overlap")
+    tr.add_argument("--sequence-parallel", action="store_true",
+                    help="sequence parallelism: each TP rank runs the LayerNorms, residuals, "
+                    "LM head and loss on its block of the tokens (needs --batch / DP x --seq "
+                    "divisible by --tp)")
+    tr.add_argument("--cuda-graph", action="store_true",
+                    help="capture the whole training step into one CUDA graph after "
+                    "the eager warm-up steps and replay it (CUDA, with a stream-ordered "
+                    "communicator: nccl, symm, ring or ring/nccl)")
     tr.add_argument("--reference", help="results.json of another run to compare the loss with")
     add_layer_options(tr)
     add_run_options(tr, "directory for results.jsonl (steps as they finish), results.json "
