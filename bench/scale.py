@@ -53,12 +53,19 @@ Check before timing: the first step's output, input gradient and every parameter
 gradient (each rank's shard against the same part of the dense one, ``shard`` of the TP
 layers; with sequence parallelism the output and input gradient against the rank's token
 block of the dense ones) are compared (relative Frobenius error, for a parameter's gradient
-over the larger of its norm and the typical size of them all, ``_parameter_errors``; the
-dtype's tolerance in ``backends.dtypes``; NaN or inf fails) with the same workload built at
-TP = 1 on ``MPI.COMM_SELF`` from the same seed in fp32, with its weights rounded to the run's
-dtype, so both see the same values. The reference runs on all the tokens (a weight's
-gradient sums over every one of them): one dense step in fp32 per rank, once. A workload
-that fails is reported FAIL and not timed (exit status 1).
+over the larger of its norm and the typical size of them all, ``_parameter_errors``; NaN or
+inf fails) with the same workload built at TP = 1 on ``MPI.COMM_SELF`` from the same seed in
+fp32, with its weights rounded to the run's dtype, so both see the same values. The reference
+runs on all the tokens (a weight's gradient sums over every one of them): one dense step in
+fp32 per rank, once. Each tensor passes when its error is within the dtype's tolerance
+(``backends.dtypes``) or within ``DENSE_FACTOR`` (2) times the error of the same tensor from
+the dense workload run in the run's dtype and GEMM backend at TP = 1: in bf16 a gradient
+summed over thousands of tokens that largely cancel (a LayerNorm's bias) is off the fp32
+reference by more than the tolerance with no TP at all (0.26 on CPU at hidden 1024, 4096
+tokens), and TP is judged by what it adds to that. ``max_rel_err`` is the TP run's largest
+error, ``dense_max_rel_err`` the dense run's, ``check_ratio`` the largest of each tensor's
+error over what it is allowed (the row passes at <= 1). A workload that fails is reported
+FAIL and not timed (exit status 1).
 """
 
 from __future__ import annotations
@@ -74,6 +81,9 @@ from torch import nn
 MODES = ("strong", "weak")
 WORKLOADS = ("mlp", "layer")
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
+# A TP run passes when each tensor's error is within the dtype's tolerance or within this
+# factor of the same tensor's error in the dense workload run in the same dtype (module doc).
+DENSE_FACTOR = 2.0
 CANNOT_RUN = 3  # exit status: more ranks on a node than GPUs (bench.scale_series skips that P)
 RULES = {"strong": "global sizes fixed: ffn = r*h, heads H, head_dim h/H",
          "weak": "per-rank sizes fixed: ffn = r*h*P, heads H*P, head_dim h/H; tokens, "
@@ -224,6 +234,16 @@ def _parameter_errors(got: list[torch.Tensor], want: list[torch.Tensor]) -> list
             else math.inf for g, w in zip(got, want)]
 
 
+def _errors(y, dx, param_grads, want_y, want_dx, wants) -> list[float]:
+    """The relative errors of the output, dX (inf for NaN or inf) and each parameter
+    gradient (``_parameter_errors``) against theirs."""
+    import backends
+
+    return ([backends.relative_error(got.float(), want.float()) if torch.isfinite(got).all()
+             else math.inf for got, want in ((y, want_y), (dx, want_dx))]
+            + _parameter_errors(param_grads, wants))
+
+
 def _part_of(model: nn.Module, name: str, full: torch.Tensor) -> torch.Tensor:
     """The part of dense gradient ``full`` that ``model``'s parameter ``name`` holds: the
     TP layer's shard, or all of it for a replicated parameter (a LayerNorm's)."""
@@ -247,7 +267,6 @@ def measure(prob: Problem, mode: str, world, comm, self_comm, device: torch.devi
     """
     from mpi4py import MPI
 
-    import backends
     from backends import dtypes
 
     from .tp_bench import _ms, replayed
@@ -292,37 +311,52 @@ def measure(prob: Problem, mode: str, world, comm, self_comm, device: torch.devi
     xr = x.float().requires_grad_(True)
     ref_y = reference(xr)
     ref_grads = torch.autograd.grad(ref_y, [xr, *reference.parameters()], grad_y.float())
+    del reference
+    # The dense workload in the run's dtype and backend (TP = 1): its own errors are what
+    # this dtype costs without TP, the yardstick of the TP run's (module doc).
+    torch.manual_seed(seed)
+    dense = build(prob, self_comm, device=device, dtype=dtype,
+                  **{**settings, "overlap": False, "sm_margin": 0, "sequence_parallel": False})
+    xd = x.detach().requires_grad_(True)
+    yd = dense(xd)
+    dense_grads = torch.autograd.grad(yd, [xd, *dense.parameters()], grad_y)
+    dense_errors = _errors(yd, dense_grads[0], dense_grads[1:], ref_y, ref_grads[0],
+                           ref_grads[1:])
+    allowed = [max(spec.tolerance, DENSE_FACTOR * e) for e in dense_errors]
+    del dense, xd, yd, dense_grads
     # What this rank's output, dX and parameter gradients must be (copies: the full
     # reference is freed before timing).
     want_y, want_dx = (mine(t).detach().clone() for t in (ref_y, ref_grads[0]))
     wants = [_part_of(model, name, ref).clone() for (name, _), ref
              in zip(model.named_parameters(), ref_grads[1:])]
-    del reference, xr, ref_y, ref_grads
+    del xr, ref_y, ref_grads
 
-    def error_of(y, dx, *param_grads):
-        return max([backends.relative_error(got.float(), want) if torch.isfinite(got).all()
-                    else math.inf for got, want in ((y, want_y), (dx, want_dx))]
-                   + _parameter_errors(param_grads, wants))
+    def excess(y, dx, *param_grads):
+        """The largest of each tensor's error over what it is allowed (<= 1 passes)."""
+        errors = _errors(y, dx, param_grads, want_y, want_dx, wants)
+        return max(e / a for e, a in zip(errors, allowed))
 
-    err = world.allreduce(error_of(y, *grads), op=MPI.MAX)
+    err = world.allreduce(max(_errors(y, grads[0], grads[1:], want_y, want_dx, wants)),
+                          op=MPI.MAX)
+    ratio = world.allreduce(excess(y, *grads), op=MPI.MAX)
     del y, grads
     row = {"workload": prob.workload, "mode": mode, "P": prob.p, "tokens": prob.tokens,
            "seq": prob.seq, "hidden": prob.hidden, "ffn": prob.ffn, "heads": prob.heads,
            "head_dim": prob.head_dim, "dtype": dtype_name, "rule": RULES[mode],
-           "max_rel_err": err, "ok": err <= spec.tolerance}
+           "max_rel_err": err, "dense_max_rel_err": max(dense_errors), "check_ratio": ratio,
+           "ok": ratio <= 1.0}
     if row["ok"]:
         step_ms = _ms(step, iters, warmup, device, world)
         comm_ms = _ms(replay(comm, calls, device), iters, warmup, device, world) if calls else 0.0
         row |= {"step_ms": step_ms, "comm_ms": comm_ms, "comm_share": comm_ms / step_ms,
                 "tflops_per_gpu": prob.flops_per_rank() / (step_ms * 1e-3) / 1e12}
     if cuda_graph:
-        graphed = (replayed(world, device, lambda: step(every=True), error_of,
-                            spec.tolerance, iters, warmup) if row["ok"]
-                   else {"ms": None, "max_rel_err": None, "ok": False})
-        row |= {"graph_step_ms": graphed["ms"], "graph_max_rel_err": graphed["max_rel_err"],
+        graphed = (replayed(world, device, lambda: step(every=True), excess, 1.0, iters,
+                            warmup) if row["ok"] else {"ms": None, "error": None, "ok": False})
+        row |= {"graph_step_ms": graphed["ms"], "graph_check_ratio": graphed["error"],
                 "ok": row["ok"] and graphed["ok"]}
-        if "error" in graphed:
-            row["graph_error"] = graphed["error"]
+        if "reason" in graphed:
+            row["graph_error"] = graphed["reason"]
     row |= {"collectives": len(calls),
             "comm_bytes": sum(math.prod(c[1]) * c[2].itemsize for c in calls),
             "flops_per_gpu": prob.flops_per_rank(), **settings, "comm": comm.name,

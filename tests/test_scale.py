@@ -156,6 +156,57 @@ def test_series_kills_a_run_past_its_timeout(tmp_path, capsys):
     assert status == 1 and "P=2: failed: timed out after 1 s" in printed
 
 
+def _measure_in_process(dtype_name, **sizes):
+    """One layer row at P = 1 in this process (TP group and reference on COMM_SELF)."""
+    import torch
+    from mpi4py import MPI
+
+    import tp.comm
+    from bench import scale
+
+    cpu = torch.device("cpu")
+    comm, self_comm = (tp.comm.create(name, MPI.COMM_SELF, cpu) for name in ("ring", "mpi"))
+    prob = scale.problem("layer", "strong", 1, sizes["tokens"], sizes["hidden"], 4, 2,
+                         sizes["seq"])
+    settings = {"backend": "cublas", "overlap": True, "chunks": 4, "sm_margin": 0,
+                "sequence_parallel": False}
+    return scale.measure(prob, "strong", MPI.COMM_SELF, comm, self_comm, cpu, dtype_name,
+                         settings, 1, 0)
+
+
+def test_bf16_is_judged_by_what_tp_adds_to_the_dense_bf16_error():
+    """In bf16 the LayerNorms' gradients, sums over 1024 tokens that largely cancel, are off
+    the fp32 reference by more than the tolerance with no TP at all: the row passes because
+    each tensor's error is within twice the dense bf16 run's (at P = 1 they are the same
+    computation, so the ratio is exactly 1/2), and is timed."""
+    row = _measure_in_process("bf16", tokens=1024, hidden=32, seq=256)
+    assert row["max_rel_err"] > 1e-2  # bf16's tolerance: the old check failed this row
+    assert row["max_rel_err"] == row["dense_max_rel_err"]
+    assert row["check_ratio"] == 0.5 and row["ok"] and row["step_ms"] > 0
+
+
+def test_a_tp_run_off_the_dense_one_fails_and_is_not_timed(monkeypatch):
+    """A TP workload whose fc1 weight is 1% off (the model under test, not the dense runs)
+    fails in fp32 and in bf16, where the dense run's own error is large."""
+    import torch
+
+    from bench import scale
+
+    build = scale.build
+
+    def off(prob, comm, **kwargs):
+        module = build(prob, comm, **kwargs)
+        if comm.name.startswith("ring"):  # the TP group's, not the dense runs' (mpi)
+            with torch.no_grad():
+                module.fc1.weight.mul_(1.01)
+        return module
+
+    monkeypatch.setattr(scale, "build", off)
+    for dtype_name in ("fp32", "bf16"):
+        row = _measure_in_process(dtype_name, tokens=1024, hidden=32, seq=256)
+        assert not row["ok"] and row["check_ratio"] > 1 and "step_ms" not in row, dtype_name
+
+
 def test_parameter_gradient_errors_are_relative_with_a_floor_for_zero_gradients():
     """A weight gradient off by 10% reports 0.1; a gradient that is zero in exact arithmetic
     (both sides rounding noise of 1e-9) is judged against the gradients' typical size (RMS
