@@ -164,6 +164,16 @@ _CUDA_RUNGS: tuple[tuple[str, str, CudaKernel], ...] = (
                 space=CudaSpace({"BLOCK_M": (64, 128), "BLOCK_N": (128, 256), "BLOCK_K": (64,),
                                  "STAGES": (3, 4, 5), "GROUP_M": (8, 16)},
                                 lambda p: {"THREADS": 128 * (1 + p["BLOCK_M"] // 64)}))),
+    ("cuda_wgmma_persistent", "cuda_wgmma persistent: one CTA per SM loops over the tiles, "
+     "D leaves through shared memory by TMA bulk copies while the next tile computes (sm_90a)",
+     CudaKernel("10_wgmma_persistent.cu", "gemm_wgmma_persistent",
+                {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "STAGES": 3, "GROUP_M": 8,
+                 "THREADS": 384},
+                dtypes=(torch.float16, torch.bfloat16), tma=True, persistent=True,
+                # The staging tile takes BLOCK_M x BLOCK_N of the shared memory: fewer stages.
+                space=CudaSpace({"BLOCK_M": (64, 128), "BLOCK_N": (128, 256), "BLOCK_K": (64,),
+                                 "STAGES": (2, 3, 4, 5), "GROUP_M": (8, 16)},
+                                lambda p: {"THREADS": 128 * (1 + p["BLOCK_M"] // 64)}))),
 )
 # Each CUDA C rung's kernel with its default tile sizes, by backend name, in ladder order.
 CUDA_KERNELS: dict[str, CudaKernel] = {name: kernel for name, _, kernel in _CUDA_RUNGS}

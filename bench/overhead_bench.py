@@ -122,7 +122,7 @@ def _wrapped_cuda(kernel, p: Problem, a, b, c, d) -> Callable[[], object]:
         extra = (maps.data_ptr(),)
     args = KernelArgs([0, 0, 0, 0, p.m, p.n, p.k, p.n, int(p.relu), *extra])
     stream = torch.cuda.current_stream().cuda_stream
-    (gx, gy), (tx, ty) = kernel.grid(p.m, p.n), kernel.threads
+    (gx, gy), (tx, ty) = kernel.launch_grid(p.m, p.n, a.device.index), kernel.threads
 
     def driver_launch():
         out = torch.empty_like(d)

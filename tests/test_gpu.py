@@ -41,6 +41,36 @@ def test_torch_compile_on_odd_shapes(dtype, m, n, k, c_kind, rng):
     assert "compiled in" in backends.BACKENDS["torch_compile"].config()
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("n,aligned_out", [(4104, True), (4104, False), (4100, True)],
+                         ids=["bulk-store", "misaligned-out", "n-not-multiple-of-8"])
+@pytest.mark.parametrize("c_kind", ["full", "bias"])
+def test_persistent_wgmma_loops_over_more_tiles_than_sms(dtype, n, aligned_out, c_kind, rng):
+    """17 x 17 = 289 tiles on at most 132 CTAs, so each loops over several, with a ragged
+    M and K edge: D leaves by bulk copies (N % 8 == 0, 16-byte aligned D) or, when it
+    cannot, by stores from registers (an ``out`` one element into its buffer; N = 4100)."""
+    m, k = 2050, 200
+    a, b, c = random_inputs(m, n, k, dtype, "cuda", c_kind, rng)
+    buffer = torch.full((m * n + 1,), float("nan"), dtype=dtype, device="cuda")
+    out = (buffer[:m * n] if aligned_out else buffer[1:]).view(m, n)
+    for activation in (None, "relu"):
+        out.fill_(float("nan"))
+        gemm(a, b, c, activation=activation, backend="cuda_wgmma_persistent", out=out)
+        assert_matches_reference(out, a, b, c, activation)
+
+
+@pytest.mark.parametrize("backend", ["cuda_mma", "cuda_wgmma", "cuda_wgmma_persistent"])
+def test_an_out_one_element_into_its_buffer_is_written_right(backend, rng):
+    """A 16-bit ``out`` 2 bytes past a 4-byte boundary: the kernels that store D in 4-byte
+    pairs store element by element instead of faulting on a misaligned address."""
+    m, n, k = 129, 130, 70
+    a, b, c = random_inputs(m, n, k, torch.float16, "cuda", "full", rng)
+    buffer = torch.full((m * n + 1,), float("nan"), dtype=torch.float16, device="cuda")
+    out = buffer[1:].view(m, n)
+    gemm(a, b, c, activation="relu", backend=backend, out=out)
+    assert_matches_reference(out, a, b, c, "relu")
+
+
 @pytest.mark.parametrize("backend", [b.name for b in backends.LADDER])
 def test_every_backend_is_captured_in_a_cuda_graph_and_replays_right(backend, rng):
     """Kernel times come from CUDA-graph replay: every backend must capture (not fall back to

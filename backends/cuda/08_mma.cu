@@ -342,7 +342,7 @@ gemm_mma(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
     // Epilogue from registers: acc[i][j] holds D rows g and g + 8 (g = lane / 4), columns
     // 2 * (lane % 4) + {0, 1} of the 16x8 tile (i, j).
     const int g = lane >> 2, t4 = lane & 3;
-    const bool pair_ok = (N & 1) == 0;
+    const bool pair_ok = (N & 1) == 0 && (reinterpret_cast<unsigned long long>(D) & 3) == 0;
 #pragma unroll
     for (int i = 0; i < MT; ++i) {
 #pragma unroll

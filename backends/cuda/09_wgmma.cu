@@ -32,7 +32,7 @@
 // matrix descriptors, register fragments), "Tensor copy" (cp.async.bulk.tensor), "mbarrier",
 // setmaxnreg; CUDA C++ Programming Guide, "Tensor Memory Accelerator"; CUDA driver API,
 // cuTensorMapEncodeTiled; CUTLASS's cute/arch/mma_sm90_desc.hpp (descriptor layouts).
-#include "tensor_core.cuh"
+#include "wgmma.cuh"
 
 #ifndef BLOCK_M
 #define BLOCK_M 128  // 64 rows per consumer warpgroup
@@ -73,100 +73,6 @@ static_assert(GROUP_M >= 1, "GROUP_M >= 1");
 
 // Read by the launcher, which raises the kernel's dynamic shared memory limit to it.
 extern "C" __constant__ int gemm_dynamic_smem = SMEM_BYTES;
-
-// --- mbarrier (PTX ISA "Parallel synchronization and communication: mbarrier") ---
-__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(bar), "r"(count));
-}
-// Arrive once and expect `bytes` more transaction bytes (the TMA copies of a stage).
-__device__ __forceinline__ void mbar_arrive_expect_tx(unsigned bar, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
-                 :: "r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(unsigned bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(bar) : "memory");
-}
-// Wait until the phase with parity `parity` of the barrier has completed.
-__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
-    unsigned done = 0;
-    while (!done) {
-        asm volatile("{\n.reg .pred p;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-    }
-}
-
-// --- TMA (PTX ISA "cp.async.bulk.tensor") ---
-// The tensor maps live in global memory (written by the host before the launch): acquire
-// them for the tensor-map proxy before the first copy uses them.
-__device__ __forceinline__ void tensormap_acquire(const void* map) {
-    asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;\n"
-                 :: "l"(map) : "memory");
-}
-// Box at element coordinates (x: innermost, y) of `map` into shared memory at dst; its bytes
-// count down the transaction count of barrier `bar`.
-__device__ __forceinline__ void tma_load_2d(unsigned dst, const void* map, unsigned bar, int x,
-                                            int y) {
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-                 " [%0], [%1, {%2, %3}], [%4];\n"
-                 :: "r"(dst), "l"(map), "r"(x), "r"(y), "r"(bar) : "memory");
-}
-
-// --- wgmma (PTX ISA "Asynchronous warpgroup level matrix instructions") ---
-// Matrix descriptor of a 128-byte swizzled operand tile at shared address addr: bits 0-13
-// address / 16, 16-29 leading-dimension byte offset / 16, 32-45 stride-dimension byte offset
-// / 16, 62-63 swizzle mode (1: 128 bytes). In both layouts here the stride offset is 1024
-// bytes, from one group of 8 rows of 128 bytes to the next. The leading offset is ignored for
-// the K-major A; for the N-major B it is the distance between 64-column boxes.
-__device__ __forceinline__ unsigned long long smem_desc(unsigned addr, unsigned leading_bytes) {
-    return (unsigned long long)((addr & 0x3FFFF) >> 4) |
-           (unsigned long long)(leading_bytes >> 4) << 16 |
-           (unsigned long long)(1024 >> 4) << 32 | 1ull << 62;
-}
-__device__ __forceinline__ void wgmma_fence() {
-    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void wgmma_commit() {
-    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
-template <int n>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(n) : "memory");
-}
-template <int regs>
-__device__ __forceinline__ void setmaxnreg_dec() {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(regs));
-}
-template <int regs>
-__device__ __forceinline__ void setmaxnreg_inc() {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(regs));
-}
-
-// d (64 x 128 fp32, this warpgroup's fragment) += A (64 x 16, K-major) * B (16 x 128,
-// N-major: imm-trans-b = 1), both read from shared memory through their descriptors. The 64
-// accumulator operands are spelled out: inline PTX has no loops.
-__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], unsigned long long desc_a,
-                                                 unsigned long long desc_b) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32." MMA_TYPE "." MMA_TYPE " {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63},"
-        " %64, %65, p, 1, 1, 0, 1;\n}\n"
-        :
-          "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "l"(desc_a), "l"(desc_b));
-}
 
 // tmaps: two CUtensorMap (128 bytes each) in global memory: A (inner dimension K, box
 // BLOCK_K x BLOCK_M) and B (inner dimension N, box 64 x BLOCK_K); A and B are read only
@@ -263,7 +169,7 @@ gemm_wgmma(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
     // acc[h][4 j + 2 r + e] is row lane / 4 + 8 r, column 128 h + 8 j + 2 (lane % 4) + e.
     const int lane = threadIdx.x & 31;
     const int warp = (threadIdx.x % 128) / 32;
-    const bool pair_ok = (N & 1) == 0;
+    const bool pair_ok = (N & 1) == 0 && (reinterpret_cast<unsigned long long>(D) & 3) == 0;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const int m = m0 + consumer * 64 + warp * 16 + lane / 4 + 8 * r;

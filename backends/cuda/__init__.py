@@ -108,6 +108,8 @@ class CudaKernel:
         dtypes: operand dtypes it is built for (float32, or float16 and bfloat16).
         tma: reads A and B through TMA tensor maps and needs sm_90a (see the module doc);
             ``params`` must then hold ``BLOCK_M`` and ``BLOCK_K``, the box of A.
+        persistent: the kernel loops over the tiles itself: its grid is min(#SMs, #tiles)
+            CTAs along x (``grid`` says how many tiles there are).
         space: the macros ``gemmlab tune`` searches (its candidates hold ``params``; the
             kernel's static_asserts reject what does not fit), or None: nothing to tune.
     """
@@ -118,6 +120,7 @@ class CudaKernel:
     dtypes: tuple[torch.dtype, ...] = (torch.float32,)
     tma: bool = False
     space: CudaSpace | None = None
+    persistent: bool = False
 
     @property
     def arch_suffix(self) -> str:
@@ -136,6 +139,12 @@ class CudaKernel:
         """Grid shape for an M x N output: one block per BLOCK_M x BLOCK_N tile."""
         p = self.params
         return -(-n // p["BLOCK_N"]), -(-m // p["BLOCK_M"])
+
+    def launch_grid(self, m: int, n: int, device: int) -> tuple[int, int]:
+        """The grid a launch on CUDA device ``device`` uses: ``grid``, or for a persistent
+        kernel min(#SMs, #tiles) CTAs along x."""
+        gx, gy = self.grid(m, n)
+        return (min(_multiprocessors(device), gx * gy), 1) if self.persistent else (gx, gy)
 
     def defines(self, dtype: torch.dtype = torch.float32) -> tuple[str, ...]:
         """The ``-D`` compiler options that fix the tile sizes and the element type."""
@@ -189,11 +198,11 @@ class CudaKernel:
                 launch, the PyCUDA launcher on a stream other than the default one.
         """
         m, n, k = p.m, p.n, p.k
-        grid = self.grid(m, n)
+        device = p.device.index if p.device.index is not None else torch.cuda.current_device()
+        grid = self.launch_grid(m, n, device)
         if grid[1] > _MAX_GRID_Y:
             raise ValueError(f"{self.name}: M={m} needs {grid[1]} blocks along gridDim.y "
                              f"(limit {_MAX_GRID_Y}) at BLOCK_M={self.params['BLOCK_M']}")
-        device = p.device.index if p.device.index is not None else torch.cuda.current_device()
         if self.tma and (why := sm90a_unavailable_reason(device)) is not None:
             raise RuntimeError(f"{self.name}: {why}")
         import cupy
@@ -239,6 +248,12 @@ class CudaKernel:
             return out
 
         return launch
+
+
+@functools.cache
+def _multiprocessors(device: int) -> int:
+    """The SM count of CUDA device ``device``: a persistent kernel's CTAs."""
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 class KernelArgs:

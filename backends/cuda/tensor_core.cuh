@@ -1,5 +1,5 @@
-// Shared by the tensor-core rungs (07_wmma, 08_mma, 09_wgmma): 16-bit element bits, staging of
-// unaligned rows, the grouped block order and the epilogue of an accumulator pair.
+// Shared by the tensor-core rungs (07_wmma to 10_wgmma_persistent): 16-bit element bits,
+// staging of unaligned rows, the grouped tile order and the epilogue of an accumulator pair.
 #pragma once
 #include "common.cuh"
 
@@ -39,23 +39,30 @@ __device__ __forceinline__ uint4 load8_scalar(const elem_t* __restrict__ base, i
                       v[4] | (unsigned)v[5] << 16, v[6] | (unsigned)v[7] << 16);
 }
 
-// Grouped block order (Triton's matmul tutorial): the grid's blocks walk group_m tile rows
-// column by column, so the blocks resident together reuse a few A row-panels and B
-// column-panels from L2. Grid: x over the tiles along N, y over the tiles along M.
-__device__ __forceinline__ void grouped_tile(int group_m, int& tile_m, int& tile_n) {
-    const long long pid = (long long)blockIdx.y * gridDim.x + blockIdx.x;
-    const long long per_group = (long long)group_m * gridDim.x;
+// Grouped tile order (Triton's matmul tutorial): tiles 0, 1, ... of a tiles_m x tiles_n grid
+// walk group_m tile rows column by column, so the tiles computed together reuse a few A
+// row-panels and B column-panels from L2.
+__device__ __forceinline__ void grouped_tile_of(long long pid, int tiles_m, int tiles_n,
+                                                int group_m, int& tile_m, int& tile_n) {
+    const long long per_group = (long long)group_m * tiles_n;
     const int first_m = (int)(pid / per_group) * group_m;
-    const int group_rows = min((int)gridDim.y - first_m, group_m);
+    const int group_rows = min(tiles_m - first_m, group_m);
     const int in_group = (int)(pid % per_group);
     tile_m = first_m + in_group % group_rows;
     tile_n = in_group / group_rows;
 }
 
+// The grouped tile of this block, one block per tile. Grid: x over the tiles along N, y over
+// the tiles along M.
+__device__ __forceinline__ void grouped_tile(int group_m, int& tile_m, int& tile_n) {
+    grouped_tile_of((long long)blockIdx.y * gridDim.x + blockIdx.x, gridDim.y, gridDim.x,
+                    group_m, tile_m, tile_n);
+}
+
 // D[m, n] and D[m, n + 1] = act(acc + C) from the accumulator pair (a0, a1) that the mma and
 // wgmma fragment layouts give a thread; d_row is row m of D, columns past N are dropped.
-// pair_ok (N even, so m * N + n is even: a 4-byte aligned address) sends the pair out as
-// one 4-byte store.
+// pair_ok (N even and D 4-byte aligned, so every pair's address, D + m * N + n with n even,
+// is 4-byte aligned) sends the pair out as one 4-byte store.
 __device__ __forceinline__ void store_pair(elem_t* __restrict__ d_row,
                                            const elem_t* __restrict__ C, long long ldc, int N,
                                            int m, int n, float a0, float a1, int relu,

@@ -1,0 +1,257 @@
+// Ladder step 10, cuda_wgmma_persistent: cuda_wgmma made persistent (one CTA per SM loops over
+// the tiles) with D leaving through shared memory by TMA bulk copies while the next tile computes.
+//
+// cuda_wgmma launches one CTA per tile: every tile pays the CTA's start (barrier set-up, the
+// first TMA loads of an empty pipeline) and its end (the epilogue, with the tensor cores idle
+// and no loads in flight). Here the grid is min(#SMs, #tiles) CTAs, each walking tiles
+// blockIdx.x, blockIdx.x + gridDim.x, ... in the grouped order, and the pipeline never drains:
+// - the producer's stage ring runs across tile boundaries (one k-tile counter for the CTA's
+//   whole life), so while the consumers finish tile i and write it out, the TMA is already
+//   loading tile i+1's first STAGES k-tiles;
+// - the epilogue writes act(acc + C) into a shared-memory staging tile and one lane per row
+//   hands the row to the TMA unit (cp.async.bulk, global <- shared); the consumers go straight
+//   on to tile i+1's mainloop while the copies drain, and wait for them to have read the
+//   staging only before they overwrite it at the end of tile i+1.
+// What it should buy: the per-tile start and the global stores stop costing tensor-core time;
+// the most on short K (few k-tiles per tile, so the fixed costs weigh more) and on shapes with
+// more tiles than SMs. What it still lacks (cuBLAS's sm90 kernels have them): the epilogue's
+// own math overlapping the next mainloop (two consumer warpgroups taking turns, CUTLASS's
+// "ping-pong"), clusters with TMA multicast.
+// The staging rows are BLOCK_N * 2 + 16 bytes apart: each warp's 4-byte writes then fall in 32
+// different banks, and every row stays 16-byte aligned as cp.async.bulk requires. A bulk copy
+// moves a whole number of 16-byte units to a 16-byte aligned address, so it needs N % 8 == 0
+// and a 16-byte aligned D; otherwise the kernel stores from registers as cuda_wgmma does.
+// Mainloop, tensor maps, alignment and any M, N, K: as 09_wgmma.cu.
+// References: PTX ISA, "cp.async.bulk", "cp.async.bulk.commit_group/wait_group", "membar/fence"
+// (fence.proxy.async), "bar.sync"; CUTLASS's sm90 persistent kernels (tile scheduler, TMA store
+// epilogue); the wgmma references of 09_wgmma.cu.
+#include "wgmma.cuh"
+
+#ifndef BLOCK_M
+#define BLOCK_M 128  // 64 rows per consumer warpgroup
+#endif
+#ifndef BLOCK_N
+#define BLOCK_N 256
+#endif
+#ifndef BLOCK_K
+#define BLOCK_K 64  // one 128-byte swizzled row of 16-bit elements
+#endif
+#ifndef STAGES
+#define STAGES 3
+#endif
+#ifndef GROUP_M
+#define GROUP_M 8
+#endif
+#ifndef THREADS
+#define THREADS 384  // the producer warpgroup and BLOCK_M / 64 consumer warpgroups
+#endif
+
+#define CONSUMERS (BLOCK_M / 64)
+#define N_SUB (BLOCK_N / 128)  // m64n128k16 instructions per k16 step
+#define A_STAGE_BYTES (BLOCK_M * BLOCK_K * 2)
+#define B_BOX_BYTES (BLOCK_K * 64 * 2)  // BLOCK_K rows x 64 columns of B
+#define STAGE_BYTES (A_STAGE_BYTES + BLOCK_N * BLOCK_K * 2)
+#define STAGING_ROW_BYTES (BLOCK_N * 2 + 16)  // + 16: 4 banks of skew per row
+#define STAGING_BYTES (BLOCK_M * STAGING_ROW_BYTES)
+// Stages (1024-aligned for the swizzle), the staging tile, then a full and an empty mbarrier
+// per stage; + 1024 to align the dynamic shared memory's base.
+#define SMEM_BYTES (STAGES * STAGE_BYTES + STAGING_BYTES + 1024 + 2 * STAGES * 8)
+
+static_assert(BLOCK_K == 64, "a k-tile is one 128-byte swizzle span of 16-bit elements");
+static_assert(BLOCK_M == 64 || BLOCK_M == 128, "one or two consumer warpgroups of 64 rows");
+static_assert(BLOCK_N % 128 == 0 && BLOCK_N <= 256, "BLOCK_N: 128 or 256");
+static_assert(THREADS == 128 * (1 + CONSUMERS), "THREADS: one producer + consumer warpgroups");
+static_assert(STAGES >= 2, "the pipeline needs at least two stages");
+static_assert(SMEM_BYTES <= 227 * 1024, "more shared memory than a block can have on sm_90");
+static_assert(GROUP_M >= 1, "GROUP_M >= 1");
+
+// Read by the launcher, which raises the kernel's dynamic shared memory limit to it.
+extern "C" __constant__ int gemm_dynamic_smem = SMEM_BYTES;
+
+// --- bulk copies shared -> global and their groups (PTX ISA "cp.async.bulk") ---
+__device__ __forceinline__ void bulk_store(void* dst, unsigned src, unsigned bytes) {
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n"
+                 :: "l"(dst), "r"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void bulk_commit() {
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+// Wait until this thread's bulk groups have read their shared-memory source.
+__device__ __forceinline__ void bulk_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+// Wait until this thread's bulk groups have completed (their writes are done).
+__device__ __forceinline__ void bulk_wait_all() {
+    asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}
+// Make this thread's shared-memory writes visible to the async proxy (the bulk copies).
+__device__ __forceinline__ void fence_proxy_async_shared() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// Barrier `id` (1, 2, ...; 0 is __syncthreads) over the 128 threads of one warpgroup.
+__device__ __forceinline__ void warpgroup_barrier(int id) {
+    asm volatile("bar.sync %0, 128;\n" :: "r"(id) : "memory");
+}
+
+// tmaps: the tensor maps of A and B, as for 09_wgmma.cu. Grid: 1-D, at most one CTA per tile.
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+gemm_wgmma_persistent(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
+                      const elem_t* __restrict__ C, elem_t* __restrict__ D,
+                      int M, int N, int K, long long ldc, int relu,
+                      const unsigned long long* __restrict__ tmaps) {
+    extern __shared__ __align__(1024) unsigned char smem[];
+    const unsigned base = (smem_u32(smem) + 1023) & ~1023u;
+    const unsigned staging = base + STAGES * STAGE_BYTES;
+    const unsigned full_bar = staging + STAGING_BYTES;  // + 8 * s
+    const unsigned empty_bar = full_bar + STAGES * 8;
+
+    const int tiles_m = (M + BLOCK_M - 1) / BLOCK_M;
+    const int tiles_n = (N + BLOCK_N - 1) / BLOCK_N;
+    const int tiles = tiles_m * tiles_n;
+    const int KT = (K + BLOCK_K - 1) / BLOCK_K;
+    const int warpgroup = threadIdx.x / 128;
+
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(full_bar + 8 * s, 1);
+            mbar_init(empty_bar + 8 * s, CONSUMERS);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warpgroup == 0) {  // producer: k-tile `it` of the CTA's life goes to stage it % STAGES
+#if CONSUMERS == 2
+        setmaxnreg_dec<40>();
+#endif
+        if (threadIdx.x == 0) {
+            const void* map_a = tmaps;
+            const void* map_b = tmaps + 16;
+            tensormap_acquire(map_a);
+            tensormap_acquire(map_b);
+            long long it = 0;
+            for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+                int tile_m, tile_n;
+                grouped_tile_of(tile, tiles_m, tiles_n, GROUP_M, tile_m, tile_n);
+                for (int kt = 0; kt < KT; ++kt, ++it) {
+                    const int s = (int)(it % STAGES);
+                    if (it >= STAGES) mbar_wait(empty_bar + 8 * s, (unsigned)((it / STAGES) + 1) & 1);
+                    const unsigned stage = base + s * STAGE_BYTES;
+                    mbar_arrive_expect_tx(full_bar + 8 * s, STAGE_BYTES);
+                    tma_load_2d(stage, map_a, full_bar + 8 * s, kt * BLOCK_K, tile_m * BLOCK_M);
+#pragma unroll
+                    for (int j = 0; j < BLOCK_N / 64; ++j)
+                        tma_load_2d(stage + A_STAGE_BYTES + j * B_BOX_BYTES, map_b,
+                                    full_bar + 8 * s, tile_n * BLOCK_N + 64 * j, kt * BLOCK_K);
+                }
+            }
+        }
+        return;
+    }
+
+#if CONSUMERS == 2
+    setmaxnreg_inc<232>();
+#endif
+    const int consumer = warpgroup - 1;  // rows 64 * consumer .. + 63 of each tile
+    const int lane = threadIdx.x & 31;
+    const int warp = (threadIdx.x % 128) / 32;
+    const unsigned my_staging = staging + consumer * 64 * STAGING_ROW_BYTES;
+    // Bulk copies move 16-byte units to 16-byte aligned addresses: rows of D must be.
+    const bool bulk = (N % 8) == 0 && (reinterpret_cast<unsigned long long>(D) % 16) == 0;
+    const bool pair_ok = (N & 1) == 0 && (reinterpret_cast<unsigned long long>(D) & 3) == 0;
+    long long it = 0;
+    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+        int tile_m, tile_n;
+        grouped_tile_of(tile, tiles_m, tiles_n, GROUP_M, tile_m, tile_n);
+        const int m0 = tile_m * BLOCK_M + consumer * 64;  // this warpgroup's first row
+        const int n0 = tile_n * BLOCK_N;
+        float acc[N_SUB][64];
+#pragma unroll
+        for (int h = 0; h < N_SUB; ++h)
+#pragma unroll
+            for (int e = 0; e < 64; ++e) acc[h][e] = 0.0f;
+
+        for (int kt = 0; kt < KT; ++kt, ++it) {
+            const int s = (int)(it % STAGES);
+            mbar_wait(full_bar + 8 * s, (unsigned)(it / STAGES) & 1);
+            const unsigned a_tile = base + s * STAGE_BYTES + consumer * 64 * (BLOCK_K * 2);
+            const unsigned b_tile = base + s * STAGE_BYTES + A_STAGE_BYTES;
+            wgmma_fence();
+#pragma unroll
+            for (int ks = 0; ks < BLOCK_K / 16; ++ks) {
+                const unsigned long long desc_a = smem_desc(a_tile + ks * 32, 16);
+#pragma unroll
+                for (int h = 0; h < N_SUB; ++h)
+                    wgmma_m64n128k16(acc[h], desc_a,
+                                     smem_desc(b_tile + h * 2 * B_BOX_BYTES + ks * 16 * 128,
+                                               B_BOX_BYTES));
+            }
+            wgmma_commit();
+            wgmma_wait<1>();
+            if (kt > 0 && threadIdx.x % 128 == 0)
+                mbar_arrive(empty_bar + 8 * (int)((it - 1) % STAGES));
+        }
+        wgmma_wait<0>();
+        // The tile's last stage is free too: the producer may refill it for the next tile.
+        if (threadIdx.x % 128 == 0) mbar_arrive(empty_bar + 8 * (int)((it - 1) % STAGES));
+
+        // Epilogue. The wgmma accumulator layout: warp w holds rows 16 w .. 16 w + 15 of the
+        // warpgroup's 64; acc[h][4 j + 2 r + e] is row lane / 4 + 8 r, column
+        // 128 h + 8 j + 2 (lane % 4) + e.
+        if (!bulk) {
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const int m = m0 + warp * 16 + lane / 4 + 8 * r;
+                if (m >= M) continue;
+                elem_t* d_row = D + (long long)m * N;
+#pragma unroll
+                for (int h = 0; h < N_SUB; ++h)
+#pragma unroll
+                    for (int j = 0; j < 16; ++j)
+                        store_pair(d_row, C, ldc, N, m, n0 + 128 * h + 8 * j + 2 * (lane % 4),
+                                   acc[h][4 * j + 2 * r], acc[h][4 * j + 2 * r + 1], relu,
+                                   pair_ok);
+            }
+            continue;
+        }
+        // The previous tile's copies must have read the staging before it is overwritten.
+        if (warp == 0) bulk_wait_read();
+        warpgroup_barrier(1 + consumer);
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int row = warp * 16 + lane / 4 + 8 * r;
+            const int m = m0 + row;
+            if (m >= M) continue;
+#pragma unroll
+            for (int h = 0; h < N_SUB; ++h)
+#pragma unroll
+                for (int j = 0; j < 16; ++j) {
+                    const int col = 128 * h + 8 * j + 2 * (lane % 4);
+                    const int n = n0 + col;
+                    if (n >= N) continue;  // N % 8 == 0 here: n + 1 < N as well
+                    const elem_t v0 = from_float(gemm_epilogue(acc[h][4 * j + 2 * r], C, ldc,
+                                                               m, n, relu));
+                    const elem_t v1 = from_float(gemm_epilogue(acc[h][4 * j + 2 * r + 1], C,
+                                                               ldc, m, n + 1, relu));
+                    asm volatile("st.shared.b32 [%0], %1;\n"
+                                 :: "r"(my_staging + row * STAGING_ROW_BYTES + col * 2),
+                                    "r"(elem_bits(v0) | elem_bits(v1) << 16) : "memory");
+                }
+        }
+        fence_proxy_async_shared();
+        warpgroup_barrier(1 + consumer);
+        if (warp == 0) {  // lane l sends rows l and l + 32 of the warpgroup's 64
+            const unsigned bytes = (unsigned)min(BLOCK_N, N - n0) * 2;
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const int row = lane + 32 * half;
+                if (m0 + row < M)
+                    bulk_store(D + (long long)(m0 + row) * N + n0,
+                               my_staging + row * STAGING_ROW_BYTES, bytes);
+            }
+            bulk_commit();
+        }
+    }
+    // The copies read shared memory, which lives only as long as the CTA.
+    if (warp == 0) bulk_wait_all();
+}
