@@ -42,15 +42,20 @@ def test_torch_compile_on_odd_shapes(dtype, m, n, k, c_kind, rng):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("n,aligned_out", [(4104, True), (4104, False), (4100, True)],
-                         ids=["bulk-store", "misaligned-out", "n-not-multiple-of-8"])
+@pytest.mark.parametrize("n,aligned_out,aligned_c", [
+    (4104, True, True), (4104, False, True), (4100, True, True), (4104, True, False)],
+    ids=["bulk-store", "misaligned-out", "n-not-multiple-of-8", "misaligned-c"])
 @pytest.mark.parametrize("c_kind", ["full", "bias"])
-def test_persistent_wgmma_loops_over_more_tiles_than_sms(dtype, n, aligned_out, c_kind, rng):
+def test_persistent_wgmma_loops_over_more_tiles_than_sms(dtype, n, aligned_out, aligned_c,
+                                                          c_kind, rng):
     """17 x 17 = 289 tiles on at most 132 CTAs, so each loops over several, with a ragged
     M and K edge: D leaves by bulk copies (N % 8 == 0, 16-byte aligned D) or, when it
-    cannot, by stores from registers (an ``out`` one element into its buffer; N = 4100)."""
+    cannot, by stores from registers (an ``out`` one element into its buffer; N = 4100); C
+    is read in 4-byte pairs, or element by element when it starts 2 bytes off."""
     m, k = 2050, 200
     a, b, c = random_inputs(m, n, k, dtype, "cuda", c_kind, rng)
+    if not aligned_c:
+        c = torch.cat([c.new_zeros(1), c.reshape(-1)])[1:].view(c.shape)
     buffer = torch.full((m * n + 1,), float("nan"), dtype=dtype, device="cuda")
     out = (buffer[:m * n] if aligned_out else buffer[1:]).view(m, n)
     for activation in (None, "relu"):

@@ -20,7 +20,9 @@ def _check_rows(rows, p):
     assert [r["workload"] for r in rows] == ["mlp", "layer"]
     for r in rows:
         assert r["P"] == p and r["ok"] and r["max_rel_err"] <= 1e-5
-        assert r["step_ms"] > 0 and 0 <= r["comm_share"] <= 1 and r["tflops_per_gpu"] > 0
+        # comm_share is a ratio of two timings (the communication replayed alone over the
+        # step): on a loaded CPU it can pass 1, so only its definition is checked.
+        assert r["step_ms"] > 0 and r["comm_share"] >= 0 and r["tflops_per_gpu"] > 0
         assert r["comm_share"] == pytest.approx(r["comm_ms"] / r["step_ms"])
         assert r["tflops_per_gpu"] == pytest.approx(
             r["flops_per_gpu"] / (r["step_ms"] * 1e-3) / 1e12)
