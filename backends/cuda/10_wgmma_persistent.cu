@@ -17,8 +17,7 @@
 // more tiles than SMs. What it still lacks (cuBLAS's sm90 kernels have them): the epilogue's
 // own math overlapping the next mainloop (two consumer warpgroups taking turns, CUTLASS's
 // "ping-pong"), clusters with TMA multicast.
-// C is read a pair (4 bytes) per load where it is 4-byte aligned. The staging rows are
-// BLOCK_N * 2 + 16 bytes apart: each warp's 4-byte writes then fall in 32
+// The staging rows are BLOCK_N * 2 + 16 bytes apart: each warp's 4-byte writes then fall in 32
 // different banks, and every row stays 16-byte aligned as cp.async.bulk requires. A bulk copy
 // moves a whole number of 16-byte units to a 16-byte aligned address, so it needs N % 8 == 0
 // and a 16-byte aligned D; otherwise the kernel stores from registers as cuda_wgmma does.
@@ -160,8 +159,6 @@ gemm_wgmma_persistent(const elem_t* __restrict__ A, const elem_t* __restrict__ B
     // Bulk copies move 16-byte units to 16-byte aligned addresses: rows of D must be.
     const bool bulk = (N % 8) == 0 && (reinterpret_cast<unsigned long long>(D) % 16) == 0;
     const bool pair_ok = (N & 1) == 0 && (reinterpret_cast<unsigned long long>(D) & 3) == 0;
-    // In the bulk path n is even and ldc is N or 0: a 4-byte aligned C gives aligned pairs.
-    const bool c_pairs = (reinterpret_cast<unsigned long long>(C) & 3) == 0;
     long long it = 0;
     for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
         int tile_m, tile_n;
@@ -232,24 +229,13 @@ gemm_wgmma_persistent(const elem_t* __restrict__ A, const elem_t* __restrict__ B
                     const int col = 128 * h + 8 * j + 2 * (lane % 4);
                     const int n = n0 + col;
                     if (n >= N) continue;  // N % 8 == 0 here: n + 1 < N as well
-                    float v0 = acc[h][4 * j + 2 * r], v1 = acc[h][4 * j + 2 * r + 1];
-                    if (C != nullptr) {
-                        const elem_t* c = C + m * ldc + n;
-                        if (c_pairs) {  // the pair in one 4-byte load
-                            const unsigned bits = __ldg(reinterpret_cast<const unsigned*>(c));
-                            v0 += to_float(elem_of(bits & 0xFFFF));
-                            v1 += to_float(elem_of(bits >> 16));
-                        } else {
-                            v0 += to_float(c[0]);
-                            v1 += to_float(c[1]);
-                        }
-                    }
-                    v0 = gemm_epilogue(v0, nullptr, 0, m, n, relu);  // C added above
-                    v1 = gemm_epilogue(v1, nullptr, 0, m, n + 1, relu);
+                    const elem_t v0 = from_float(gemm_epilogue(acc[h][4 * j + 2 * r], C, ldc,
+                                                               m, n, relu));
+                    const elem_t v1 = from_float(gemm_epilogue(acc[h][4 * j + 2 * r + 1], C,
+                                                               ldc, m, n + 1, relu));
                     asm volatile("st.shared.b32 [%0], %1;\n"
                                  :: "r"(my_staging + row * STAGING_ROW_BYTES + col * 2),
-                                    "r"(elem_bits(from_float(v0)) |
-                                        elem_bits(from_float(v1)) << 16) : "memory");
+                                    "r"(elem_bits(v0) | elem_bits(v1) << 16) : "memory");
                 }
         }
         fence_proxy_async_shared();
