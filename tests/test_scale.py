@@ -209,6 +209,28 @@ def test_a_tp_run_off_the_dense_one_fails_and_is_not_timed(monkeypatch):
         assert not row["ok"] and row["check_ratio"] > 1 and "step_ms" not in row, dtype_name
 
 
+def test_a_dense_run_that_overflows_loosens_nothing(monkeypatch):
+    """When the dense bf16 run's own results are not finite, the dtype's tolerance alone
+    applies: the same bf16 row that passes against a finite dense run then fails."""
+    import torch
+
+    from bench import scale
+
+    build = scale.build
+
+    def overflowing_dense(prob, comm, **kwargs):
+        module = build(prob, comm, **kwargs)
+        if not comm.name.startswith("ring") and kwargs["dtype"] == torch.bfloat16:
+            with torch.no_grad():
+                module.fc1.weight.fill_(float("inf"))
+        return module
+
+    monkeypatch.setattr(scale, "build", overflowing_dense)
+    row = _measure_in_process("bf16", tokens=1024, hidden=32, seq=256)
+    assert row["dense_max_rel_err"] == float("inf")
+    assert not row["ok"] and row["check_ratio"] > 1 and "step_ms" not in row
+
+
 def test_parameter_gradient_errors_are_relative_with_a_floor_for_zero_gradients():
     """A weight gradient off by 10% reports 0.1; a gradient that is zero in exact arithmetic
     (both sides rounding noise of 1e-9) is judged against the gradients' typical size (RMS
