@@ -8,10 +8,13 @@
 // - the producer's stage ring runs across tile boundaries (one k-tile counter for the CTA's
 //   whole life), so while the consumers finish tile i and write it out, the TMA is already
 //   loading tile i+1's first STAGES k-tiles;
-// - the epilogue writes act(acc + C) into a shared-memory staging tile and one lane per row
-//   hands the row to the TMA unit (cp.async.bulk, global <- shared); the consumers go straight
-//   on to tile i+1's mainloop while the copies drain, and wait for them to have read the
-//   staging only before they overwrite it at the end of tile i+1.
+// - a full C is prefetched: once tile i's first k-tiles are on their way, the producer has the
+//   TMA copy tile i's rows of C into the staging tile (cp.async.bulk, shared <- global, one
+//   copy per row), so the epilogue reads C from shared memory, not from DRAM with the tensor
+//   cores waiting;
+// - the epilogue writes act(acc + C) into the staging tile (over C, each thread where it read)
+//   and one lane per row hands the row to the TMA unit (cp.async.bulk, global <- shared); the
+//   consumers go on to tile i+1's mainloop as soon as the copies have read the staging.
 // What it should buy: the per-tile start and the global stores stop costing tensor-core time;
 // the most on short K (few k-tiles per tile, so the fixed costs weigh more) and on shapes with
 // more tiles than SMs. What it still lacks (cuBLAS's sm90 kernels have them): the epilogue's
@@ -20,7 +23,8 @@
 // The staging rows are BLOCK_N * 2 + 16 bytes apart: each warp's 4-byte writes then fall in 32
 // different banks, and every row stays 16-byte aligned as cp.async.bulk requires. A bulk copy
 // moves a whole number of 16-byte units to a 16-byte aligned address, so it needs N % 8 == 0
-// and a 16-byte aligned D; otherwise the kernel stores from registers as cuda_wgmma does.
+// and a 16-byte aligned D; otherwise the kernel stores from registers as cuda_wgmma does. The
+// prefetch of C needs the same of C (a bias, or an unaligned C, is read from global memory).
 // Mainloop, tensor maps, alignment and any M, N, K: as 09_wgmma.cu.
 // References: PTX ISA, "cp.async.bulk", "cp.async.bulk.commit_group/wait_group", "membar/fence"
 // (fence.proxy.async), "bar.sync"; CUTLASS's sm90 persistent kernels (tile scheduler, TMA store
@@ -54,8 +58,9 @@
 #define STAGING_ROW_BYTES (BLOCK_N * 2 + 16)  // + 16: 4 banks of skew per row
 #define STAGING_BYTES (BLOCK_M * STAGING_ROW_BYTES)
 // Stages (1024-aligned for the swizzle), the staging tile, then a full and an empty mbarrier
-// per stage; + 1024 to align the dynamic shared memory's base.
-#define SMEM_BYTES (STAGES * STAGE_BYTES + STAGING_BYTES + 1024 + 2 * STAGES * 8)
+// per stage and per consumer warpgroup's staging rows; + 1024 to align the dynamic shared
+// memory's base.
+#define SMEM_BYTES (STAGES * STAGE_BYTES + STAGING_BYTES + 1024 + 2 * (STAGES + CONSUMERS) * 8)
 
 static_assert(BLOCK_K == 64, "a k-tile is one 128-byte swizzle span of 16-bit elements");
 static_assert(BLOCK_M == 64 || BLOCK_M == 128, "one or two consumer warpgroups of 64 rows");
@@ -76,6 +81,13 @@ __device__ __forceinline__ void bulk_store(void* dst, unsigned src, unsigned byt
 __device__ __forceinline__ void bulk_commit() {
     asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
 }
+// Copy `bytes` from global src to shared dst; they count down barrier `bar`'s transactions.
+__device__ __forceinline__ void bulk_load(unsigned dst, const void* src, unsigned bytes,
+                                          unsigned bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1], %2, [%3];\n"
+                 :: "r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
 // Wait until this thread's bulk groups have read their shared-memory source.
 __device__ __forceinline__ void bulk_wait_read() {
     asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
@@ -93,6 +105,24 @@ __device__ __forceinline__ void warpgroup_barrier(int id) {
     asm volatile("bar.sync %0, 128;\n" :: "r"(id) : "memory");
 }
 
+// The producer's prefetch of C for the tile at (m0, n0), tile number `local` of the CTA: per
+// consumer warpgroup c, wait until its staging rows are free (its stores of tile local - 1
+// have read them), arm its barrier with the bytes of its rows inside M, and copy each row.
+__device__ __forceinline__ void prefetch_c_rows(const elem_t* C, int N, int M, int m0, int n0,
+                                                unsigned staging, unsigned c_full_bar,
+                                                unsigned c_empty_bar, int local) {
+    const unsigned bytes = (unsigned)min(BLOCK_N, N - n0) * 2;
+    for (int c = 0; c < CONSUMERS; ++c) {
+        if (local > 0) mbar_wait(c_empty_bar + 8 * c, (unsigned)(local + 1) & 1);
+        const int first = m0 + 64 * c;
+        const int rows = max(0, min(64, M - first));
+        mbar_arrive_expect_tx(c_full_bar + 8 * c, rows * bytes);
+        for (int r = 0; r < rows; ++r)
+            bulk_load(staging + (64 * c + r) * STAGING_ROW_BYTES,
+                      C + (long long)(first + r) * N + n0, bytes, c_full_bar + 8 * c);
+    }
+}
+
 // tmaps: the tensor maps of A and B, as for 09_wgmma.cu. Grid: 1-D, at most one CTA per tile.
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 gemm_wgmma_persistent(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
@@ -104,17 +134,29 @@ gemm_wgmma_persistent(const elem_t* __restrict__ A, const elem_t* __restrict__ B
     const unsigned staging = base + STAGES * STAGE_BYTES;
     const unsigned full_bar = staging + STAGING_BYTES;  // + 8 * s
     const unsigned empty_bar = full_bar + STAGES * 8;
+    // Per consumer warpgroup c (+ 8 * c): its staging rows hold this tile's C / are free again.
+    const unsigned c_full_bar = empty_bar + STAGES * 8;
+    const unsigned c_empty_bar = c_full_bar + CONSUMERS * 8;
 
     const int tiles_m = (M + BLOCK_M - 1) / BLOCK_M;
     const int tiles_n = (N + BLOCK_N - 1) / BLOCK_N;
     const int tiles = tiles_m * tiles_n;
     const int KT = (K + BLOCK_K - 1) / BLOCK_K;
     const int warpgroup = threadIdx.x / 128;
+    // Bulk copies move 16-byte units to and from 16-byte aligned addresses: rows of D (and of
+    // C, to prefetch it) must be.
+    const bool bulk = (N % 8) == 0 && (reinterpret_cast<unsigned long long>(D) % 16) == 0;
+    const bool prefetch_c = bulk && C != nullptr && ldc == N &&
+                            (reinterpret_cast<unsigned long long>(C) % 16) == 0;
 
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(full_bar + 8 * s, 1);
             mbar_init(empty_bar + 8 * s, CONSUMERS);
+        }
+        for (int c = 0; c < CONSUMERS; ++c) {
+            mbar_init(c_full_bar + 8 * c, 1);  // the producer's arrive (plus C's bytes)
+            mbar_init(c_empty_bar + 8 * c, 1);  // the warpgroup's, once its stores read it
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -130,7 +172,8 @@ gemm_wgmma_persistent(const elem_t* __restrict__ A, const elem_t* __restrict__ B
             tensormap_acquire(map_a);
             tensormap_acquire(map_b);
             long long it = 0;
-            for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+            int local = 0;  // tiles this CTA has done
+            for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x, ++local) {
                 int tile_m, tile_n;
                 grouped_tile_of(tile, tiles_m, tiles_n, GROUP_M, tile_m, tile_n);
                 for (int kt = 0; kt < KT; ++kt, ++it) {
@@ -143,6 +186,11 @@ gemm_wgmma_persistent(const elem_t* __restrict__ A, const elem_t* __restrict__ B
                     for (int j = 0; j < BLOCK_N / 64; ++j)
                         tma_load_2d(stage + A_STAGE_BYTES + j * B_BOX_BYTES, map_b,
                                     full_bar + 8 * s, tile_n * BLOCK_N + 64 * j, kt * BLOCK_K);
+                    // With the first k-tiles in flight (the consumers are finishing the last
+                    // tile, so its staging frees soon), C's rows of this tile.
+                    if (prefetch_c && kt == min(STAGES, KT) - 1)
+                        prefetch_c_rows(C, N, M, tile_m * BLOCK_M, tile_n * BLOCK_N, staging,
+                                        c_full_bar, c_empty_bar, local);
                 }
             }
         }
@@ -156,11 +204,10 @@ gemm_wgmma_persistent(const elem_t* __restrict__ A, const elem_t* __restrict__ B
     const int lane = threadIdx.x & 31;
     const int warp = (threadIdx.x % 128) / 32;
     const unsigned my_staging = staging + consumer * 64 * STAGING_ROW_BYTES;
-    // Bulk copies move 16-byte units to 16-byte aligned addresses: rows of D must be.
-    const bool bulk = (N % 8) == 0 && (reinterpret_cast<unsigned long long>(D) % 16) == 0;
     const bool pair_ok = (N & 1) == 0 && (reinterpret_cast<unsigned long long>(D) & 3) == 0;
     long long it = 0;
-    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    int local = 0;
+    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x, ++local) {
         int tile_m, tile_n;
         grouped_tile_of(tile, tiles_m, tiles_n, GROUP_M, tile_m, tile_n);
         const int m0 = tile_m * BLOCK_M + consumer * 64;  // this warpgroup's first row
@@ -214,9 +261,10 @@ gemm_wgmma_persistent(const elem_t* __restrict__ A, const elem_t* __restrict__ B
             }
             continue;
         }
-        // The previous tile's copies must have read the staging before it is overwritten.
-        if (warp == 0) bulk_wait_read();
+        // The previous tile's stores have read the staging: warp 0 waited for that before it
+        // came here. With the prefetch, this tile's C is in it.
         warpgroup_barrier(1 + consumer);
+        if (prefetch_c) mbar_wait(c_full_bar + 8 * consumer, (unsigned)local & 1);
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             const int row = warp * 16 + lane / 4 + 8 * r;
@@ -229,13 +277,20 @@ gemm_wgmma_persistent(const elem_t* __restrict__ A, const elem_t* __restrict__ B
                     const int col = 128 * h + 8 * j + 2 * (lane % 4);
                     const int n = n0 + col;
                     if (n >= N) continue;  // N % 8 == 0 here: n + 1 < N as well
-                    const elem_t v0 = from_float(gemm_epilogue(acc[h][4 * j + 2 * r], C, ldc,
-                                                               m, n, relu));
-                    const elem_t v1 = from_float(gemm_epilogue(acc[h][4 * j + 2 * r + 1], C,
-                                                               ldc, m, n + 1, relu));
+                    const unsigned at = my_staging + row * STAGING_ROW_BYTES + col * 2;
+                    float a0 = acc[h][4 * j + 2 * r], a1 = acc[h][4 * j + 2 * r + 1];
+                    if (prefetch_c) {  // C's pair, where D's pair goes
+                        unsigned c_bits;
+                        asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(c_bits) : "r"(at));
+                        a0 += to_float(elem_of(c_bits & 0xFFFF));
+                        a1 += to_float(elem_of(c_bits >> 16));
+                    }
+                    const elem_t* c_in = prefetch_c ? nullptr : C;  // else C from global
+                    const elem_t v0 = from_float(gemm_epilogue(a0, c_in, ldc, m, n, relu));
+                    const elem_t v1 = from_float(gemm_epilogue(a1, c_in, ldc, m, n + 1, relu));
                     asm volatile("st.shared.b32 [%0], %1;\n"
-                                 :: "r"(my_staging + row * STAGING_ROW_BYTES + col * 2),
-                                    "r"(elem_bits(v0) | elem_bits(v1) << 16) : "memory");
+                                 :: "r"(at), "r"(elem_bits(v0) | elem_bits(v1) << 16)
+                                 : "memory");
                 }
         }
         fence_proxy_async_shared();
@@ -250,6 +305,10 @@ gemm_wgmma_persistent(const elem_t* __restrict__ A, const elem_t* __restrict__ B
                                my_staging + row * STAGING_ROW_BYTES, bytes);
             }
             bulk_commit();
+            // Before the next tile: the staging is free once the stores have read it.
+            bulk_wait_read();
+            __syncwarp();
+            if (lane == 0) mbar_arrive(c_empty_bar + 8 * consumer);
         }
     }
     // The copies read shared memory, which lives only as long as the CTA.

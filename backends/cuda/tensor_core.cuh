@@ -26,6 +26,14 @@ __device__ __forceinline__ unsigned elem_bits(elem_t x) {
 #endif
 }
 
+__device__ __forceinline__ elem_t elem_of(unsigned bits) {
+#if defined(GEMM_BF16)
+    return __ushort_as_bfloat16((unsigned short)bits);
+#else
+    return __ushort_as_half((unsigned short)bits);
+#endif
+}
+
 // 8 consecutive elements of row `row` of a rows x cols row-major matrix, from column `col`,
 // zeros outside it; for operands whose rows are not 16-byte aligned.
 __device__ __forceinline__ uint4 load8_scalar(const elem_t* __restrict__ base, int row, int col,
