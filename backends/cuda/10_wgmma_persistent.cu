@@ -14,8 +14,7 @@
 //   cores waiting;
 // - the epilogue writes act(acc + C) into the staging tile (over C, each thread where it read)
 //   and one lane per row hands the row to the TMA unit (cp.async.bulk, global <- shared); the
-//   consumers go on to tile i+1's mainloop while the copies drain (with a prefetched C, once
-//   they have read the staging, which the producer needs back for tile i+1's C).
+//   consumers go on to tile i+1's mainloop as soon as the copies have read the staging.
 // What it should buy: the per-tile start and the global stores stop costing tensor-core time;
 // the most on short K (few k-tiles per tile, so the fixed costs weigh more) and on shapes with
 // more tiles than SMs. What it still lacks (cuBLAS's sm90 kernels have them): the epilogue's
@@ -262,11 +261,8 @@ gemm_wgmma_persistent(const elem_t* __restrict__ A, const elem_t* __restrict__ B
             }
             continue;
         }
-        // The previous tile's stores must have read the staging before it is overwritten:
-        // without the prefetch warp 0 waits for them here, so the reads overlapped this tile's
-        // mainloop; with it, warp 0 waited after issuing them (the producer needed the staging
-        // back for this tile's C, which is now in it).
-        if (!prefetch_c && warp == 0) bulk_wait_read();
+        // The previous tile's stores have read the staging: warp 0 waited for that before it
+        // came here. With the prefetch, this tile's C is in it.
         warpgroup_barrier(1 + consumer);
         if (prefetch_c) mbar_wait(c_full_bar + 8 * consumer, (unsigned)local & 1);
 #pragma unroll
@@ -309,11 +305,10 @@ gemm_wgmma_persistent(const elem_t* __restrict__ A, const elem_t* __restrict__ B
                                my_staging + row * STAGING_ROW_BYTES, bytes);
             }
             bulk_commit();
-            if (prefetch_c) {  // hand the staging back for the next tile's C
-                bulk_wait_read();
-                __syncwarp();
-                if (lane == 0) mbar_arrive(c_empty_bar + 8 * consumer);
-            }
+            // Before the next tile: the staging is free once the stores have read it.
+            bulk_wait_read();
+            __syncwarp();
+            if (lane == 0) mbar_arrive(c_empty_bar + 8 * consumer);
         }
     }
     // The copies read shared memory, which lives only as long as the CTA.
