@@ -333,14 +333,16 @@ def measure(prob: Problem, mode: str, world, comm, self_comm, device: torch.devi
              in zip(model.named_parameters(), ref_grads[1:])]
     del xr, ref_y, ref_grads
 
-    def excess(y, dx, *param_grads):
+    def ratio_of(errors):
         """The largest of each tensor's error over what it is allowed (<= 1 passes)."""
-        errors = _errors(y, dx, param_grads, want_y, want_dx, wants)
         return max(e / a for e, a in zip(errors, allowed))
 
-    err = world.allreduce(max(_errors(y, grads[0], grads[1:], want_y, want_dx, wants)),
-                          op=MPI.MAX)
-    ratio = world.allreduce(excess(y, *grads), op=MPI.MAX)
+    def excess(y, dx, *param_grads):
+        return ratio_of(_errors(y, dx, param_grads, want_y, want_dx, wants))
+
+    errors = _errors(y, grads[0], grads[1:], want_y, want_dx, wants)
+    err = world.allreduce(max(errors), op=MPI.MAX)
+    ratio = world.allreduce(ratio_of(errors), op=MPI.MAX)
     del y, grads
     row = {"workload": prob.workload, "mode": mode, "P": prob.p, "tokens": prob.tokens,
            "seq": prob.seq, "hidden": prob.hidden, "ffn": prob.ffn, "heads": prob.heads,
