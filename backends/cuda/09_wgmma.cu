@@ -32,6 +32,7 @@
 // matrix descriptors, register fragments), "Tensor copy" (cp.async.bulk.tensor), "mbarrier",
 // setmaxnreg; CUDA C++ Programming Guide, "Tensor Memory Accelerator"; CUDA driver API,
 // cuTensorMapEncodeTiled; CUTLASS's cute/arch/mma_sm90_desc.hpp (descriptor layouts).
+#include "wgmma.cuh"
 
 #ifndef BLOCK_M
 #define BLOCK_M 128  // 64 rows per consumer warpgroup
@@ -61,8 +62,6 @@
 // dynamic shared memory's base is only 16-byte aligned. Then a full and an empty mbarrier
 // (8 bytes each) per stage.
 #define SMEM_BYTES (STAGES * STAGE_BYTES + 1024 + 2 * STAGES * 8)
-
-#include "wgmma_tile.cuh"
 
 static_assert(BLOCK_K == 64, "a k-tile is one 128-byte swizzle span of 16-bit elements");
 static_assert(BLOCK_M == 64 || BLOCK_M == 128, "one or two consumer warpgroups of 64 rows");
@@ -137,6 +136,50 @@ gemm_wgmma(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
 #endif
     const int consumer = warpgroup - 1;  // rows 64 * consumer .. + 63 of the tile
     float acc[N_SUB][64];
-    consume_tile(acc, base, full_bar, empty_bar, consumer, KT, 0);
-    store_tile(acc, D, C, ldc, M, N, m0 + consumer * 64, n0, relu);
+#pragma unroll
+    for (int h = 0; h < N_SUB; ++h)
+#pragma unroll
+        for (int e = 0; e < 64; ++e) acc[h][e] = 0.0f;
+
+    for (int kt = 0; kt < KT; ++kt) {
+        const int s = kt % STAGES;
+        mbar_wait(full_bar + 8 * s, (kt / STAGES) & 1);
+        const unsigned a_tile = base + s * STAGE_BYTES + consumer * 64 * (BLOCK_K * 2);
+        const unsigned b_tile = base + s * STAGE_BYTES + A_STAGE_BYTES;
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < BLOCK_K / 16; ++ks) {
+            // k16 step ks: 32 bytes along A's swizzled rows; 16 rows (2048 bytes) down B.
+            const unsigned long long desc_a = smem_desc(a_tile + ks * 32, 16);
+#pragma unroll
+            for (int h = 0; h < N_SUB; ++h)
+                wgmma_m64n128k16(acc[h], desc_a,
+                                 smem_desc(b_tile + h * 2 * B_BOX_BYTES + ks * 16 * 128,
+                                           B_BOX_BYTES));
+        }
+        wgmma_commit();
+        // Tile kt's wgmmas stay queued; once tile kt - 1's have finished, release its stage.
+        wgmma_wait<1>();
+        if (kt > 0 && threadIdx.x % 128 == 0) mbar_arrive(empty_bar + 8 * ((kt - 1) % STAGES));
+    }
+    wgmma_wait<0>();
+
+    // Epilogue from registers. The wgmma accumulator layout: warp w of the warpgroup holds
+    // rows 16 w .. 16 w + 15; within it, as the m16n8 mma fragment repeated along N,
+    // acc[h][4 j + 2 r + e] is row lane / 4 + 8 r, column 128 h + 8 j + 2 (lane % 4) + e.
+    const int lane = threadIdx.x & 31;
+    const int warp = (threadIdx.x % 128) / 32;
+    const bool pair_ok = (N & 1) == 0 && (reinterpret_cast<unsigned long long>(D) & 3) == 0;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int m = m0 + consumer * 64 + warp * 16 + lane / 4 + 8 * r;
+        if (m >= M) continue;
+        elem_t* d_row = D + (long long)m * N;
+#pragma unroll
+        for (int h = 0; h < N_SUB; ++h)
+#pragma unroll
+            for (int j = 0; j < 16; ++j)
+                store_pair(d_row, C, ldc, N, m, n0 + 128 * h + 8 * j + 2 * (lane % 4),
+                           acc[h][4 * j + 2 * r], acc[h][4 * j + 2 * r + 1], relu, pair_ok);
+    }
 }

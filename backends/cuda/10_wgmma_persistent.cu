@@ -29,6 +29,7 @@
 // References: PTX ISA, "cp.async.bulk", "cp.async.bulk.commit_group/wait_group", "membar/fence"
 // (fence.proxy.async), "bar.sync"; CUTLASS's sm90 persistent kernels (tile scheduler, TMA store
 // epilogue); the wgmma references of 09_wgmma.cu.
+#include "wgmma.cuh"
 
 #ifndef BLOCK_M
 #define BLOCK_M 128  // 64 rows per consumer warpgroup
@@ -60,8 +61,6 @@
 // per stage and per consumer warpgroup's staging rows; + 1024 to align the dynamic shared
 // memory's base.
 #define SMEM_BYTES (STAGES * STAGE_BYTES + STAGING_BYTES + 1024 + 2 * (STAGES + CONSUMERS) * 8)
-
-#include "wgmma_tile.cuh"
 
 static_assert(BLOCK_K == 64, "a k-tile is one 128-byte swizzle span of 16-bit elements");
 static_assert(BLOCK_M == 64 || BLOCK_M == 128, "one or two consumer warpgroups of 64 rows");
@@ -205,6 +204,7 @@ gemm_wgmma_persistent(const elem_t* __restrict__ A, const elem_t* __restrict__ B
     const int lane = threadIdx.x & 31;
     const int warp = (threadIdx.x % 128) / 32;
     const unsigned my_staging = staging + consumer * 64 * STAGING_ROW_BYTES;
+    const bool pair_ok = (N & 1) == 0 && (reinterpret_cast<unsigned long long>(D) & 3) == 0;
     long long it = 0;
     int local = 0;
     for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x, ++local) {
@@ -213,15 +213,54 @@ gemm_wgmma_persistent(const elem_t* __restrict__ A, const elem_t* __restrict__ B
         const int m0 = tile_m * BLOCK_M + consumer * 64;  // this warpgroup's first row
         const int n0 = tile_n * BLOCK_N;
         float acc[N_SUB][64];
-        consume_tile(acc, base, full_bar, empty_bar, consumer, KT, it);
-        it += KT;
+#pragma unroll
+        for (int h = 0; h < N_SUB; ++h)
+#pragma unroll
+            for (int e = 0; e < 64; ++e) acc[h][e] = 0.0f;
+
+        for (int kt = 0; kt < KT; ++kt, ++it) {
+            const int s = (int)(it % STAGES);
+            mbar_wait(full_bar + 8 * s, (unsigned)(it / STAGES) & 1);
+            const unsigned a_tile = base + s * STAGE_BYTES + consumer * 64 * (BLOCK_K * 2);
+            const unsigned b_tile = base + s * STAGE_BYTES + A_STAGE_BYTES;
+            wgmma_fence();
+#pragma unroll
+            for (int ks = 0; ks < BLOCK_K / 16; ++ks) {
+                const unsigned long long desc_a = smem_desc(a_tile + ks * 32, 16);
+#pragma unroll
+                for (int h = 0; h < N_SUB; ++h)
+                    wgmma_m64n128k16(acc[h], desc_a,
+                                     smem_desc(b_tile + h * 2 * B_BOX_BYTES + ks * 16 * 128,
+                                               B_BOX_BYTES));
+            }
+            wgmma_commit();
+            wgmma_wait<1>();
+            if (kt > 0 && threadIdx.x % 128 == 0)
+                mbar_arrive(empty_bar + 8 * (int)((it - 1) % STAGES));
+        }
+        wgmma_wait<0>();
         // The tile's last stage is free too: the producer may refill it for the next tile.
         if (threadIdx.x % 128 == 0) mbar_arrive(empty_bar + 8 * (int)((it - 1) % STAGES));
+
+        // Epilogue. The wgmma accumulator layout: warp w holds rows 16 w .. 16 w + 15 of the
+        // warpgroup's 64; acc[h][4 j + 2 r + e] is row lane / 4 + 8 r, column
+        // 128 h + 8 j + 2 (lane % 4) + e.
         if (!bulk) {
-            store_tile(acc, D, C, ldc, M, N, m0, n0, relu);
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const int m = m0 + warp * 16 + lane / 4 + 8 * r;
+                if (m >= M) continue;
+                elem_t* d_row = D + (long long)m * N;
+#pragma unroll
+                for (int h = 0; h < N_SUB; ++h)
+#pragma unroll
+                    for (int j = 0; j < 16; ++j)
+                        store_pair(d_row, C, ldc, N, m, n0 + 128 * h + 8 * j + 2 * (lane % 4),
+                                   acc[h][4 * j + 2 * r], acc[h][4 * j + 2 * r + 1], relu,
+                                   pair_ok);
+            }
             continue;
         }
-        // Epilogue through the staging tile; acc's layout as store_tile reads it.
         // The previous tile's stores have read the staging: warp 0 waited for that before it
         // came here. With the prefetch, this tile's C is in it.
         warpgroup_barrier(1 + consumer);

@@ -1,4 +1,4 @@
-// Shared by the wgmma rungs (through wgmma_tile.cuh): PTX wrappers for the mbarrier,
+// Shared by the wgmma rungs (09_wgmma, 10_wgmma_persistent): PTX wrappers for the mbarrier,
 // TMA and wgmma instructions, and the matrix descriptor of a 128-byte swizzled tile.
 // References: PTX ISA, "mbarrier", "Tensor copy" (cp.async.bulk.tensor), "Asynchronous
 // warpgroup level matrix instructions", setmaxnreg; CUTLASS's cute/arch/mma_sm90_desc.hpp.
