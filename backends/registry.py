@@ -174,6 +174,15 @@ _CUDA_RUNGS: tuple[tuple[str, str, CudaKernel], ...] = (
                 space=CudaSpace({"BLOCK_M": (64, 128), "BLOCK_N": (128, 256), "BLOCK_K": (64,),
                                  "STAGES": (2, 3, 4, 5), "GROUP_M": (8, 16)},
                                 lambda p: {"THREADS": 128 * (1 + p["BLOCK_M"] // 64)}))),
+    ("cuda_wgmma_cluster", "cuda_wgmma_persistent in 2-CTA clusters: each CTA loads half of the "
+     "shared B tile and TMA multicast writes it into both (sm_90a)",
+     CudaKernel("11_wgmma_cluster.cu", "gemm_wgmma_cluster",
+                {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "STAGES": 3, "GROUP_M": 8,
+                 "THREADS": 384, "CLUSTER_M": 2},
+                dtypes=(torch.float16, torch.bfloat16), tma=True, persistent=True,
+                space=CudaSpace({"BLOCK_M": (64, 128), "BLOCK_N": (128, 256), "BLOCK_K": (64,),
+                                 "STAGES": (2, 3, 4, 5), "GROUP_M": (8, 16), "CLUSTER_M": (2,)},
+                                lambda p: {"THREADS": 128 * (1 + p["BLOCK_M"] // 64)}))),
 )
 # Each CUDA C rung's kernel with its default tile sizes, by backend name, in ladder order.
 CUDA_KERNELS: dict[str, CudaKernel] = {name: kernel for name, _, kernel in _CUDA_RUNGS}

@@ -41,17 +41,19 @@ def test_torch_compile_on_odd_shapes(dtype, m, n, k, c_kind, rng):
     assert "compiled in" in backends.BACKENDS["torch_compile"].config()
 
 
+@pytest.mark.parametrize("backend", ["cuda_wgmma_persistent", "cuda_wgmma_cluster"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("n,aligned_out,aligned_c", [
     (4104, True, True), (4104, False, True), (4100, True, True), (4104, True, False)],
     ids=["bulk-store", "misaligned-out", "n-not-multiple-of-8", "misaligned-c"])
 @pytest.mark.parametrize("c_kind", ["full", "bias"])
-def test_persistent_wgmma_loops_over_more_tiles_than_sms(dtype, n, aligned_out, aligned_c,
-                                                          c_kind, rng):
+def test_persistent_wgmma_loops_over_more_tiles_than_sms(backend, dtype, n, aligned_out,
+                                                          aligned_c, c_kind, rng):
     """17 x 17 = 289 tiles on at most 132 CTAs, so each loops over several, with a ragged
     M and K edge: D leaves by bulk copies (N % 8 == 0, 16-byte aligned D) or, when it
     cannot, by stores from registers (an ``out`` one element into its buffer; N = 4100); C
-    is read in 4-byte pairs, or element by element when it starts 2 bytes off."""
+    is read in 4-byte pairs, or element by element when it starts 2 bytes off. With 2-CTA
+    clusters the 17 tile rows leave the last cluster tiles a second CTA past M."""
     m, k = 2050, 200
     a, b, c = random_inputs(m, n, k, dtype, "cuda", c_kind, rng)
     if not aligned_c:
@@ -60,11 +62,12 @@ def test_persistent_wgmma_loops_over_more_tiles_than_sms(dtype, n, aligned_out, 
     out = (buffer[:m * n] if aligned_out else buffer[1:]).view(m, n)
     for activation in (None, "relu"):
         out.fill_(float("nan"))
-        gemm(a, b, c, activation=activation, backend="cuda_wgmma_persistent", out=out)
+        gemm(a, b, c, activation=activation, backend=backend, out=out)
         assert_matches_reference(out, a, b, c, activation)
 
 
-@pytest.mark.parametrize("backend", ["cuda_mma", "cuda_wgmma", "cuda_wgmma_persistent"])
+@pytest.mark.parametrize("backend", ["cuda_mma", "cuda_wgmma", "cuda_wgmma_persistent",
+                                     "cuda_wgmma_cluster"])
 def test_an_out_one_element_into_its_buffer_is_written_right(backend, rng):
     """A 16-bit ``out`` 2 bytes past a 4-byte boundary: the kernels that store D in 4-byte
     pairs store element by element instead of faulting on a misaligned address."""

@@ -19,7 +19,8 @@
 // the most on short K (few k-tiles per tile, so the fixed costs weigh more) and on shapes with
 // more tiles than SMs. What it still lacks (cuBLAS's sm90 kernels have them): the epilogue's
 // own math overlapping the next mainloop (two consumer warpgroups taking turns, CUTLASS's
-// "ping-pong"), clusters with TMA multicast.
+// "ping-pong"); clusters with TMA multicast are step 11 (11_wgmma_cluster.cu), which is this
+// file built with CLUSTER_M = 2: the `CLUSTER_M > 1` branches below are what it adds.
 // The staging rows are BLOCK_N * 2 + 16 bytes apart: each warp's 4-byte writes then fall in 32
 // different banks, and every row stays 16-byte aligned as cp.async.bulk requires. A bulk copy
 // moves a whole number of 16-byte units to a 16-byte aligned address, so it needs N % 8 == 0
@@ -52,6 +53,12 @@
 #ifndef THREADS
 #define THREADS 384  // the producer warpgroup and BLOCK_M / 64 consumer warpgroups
 #endif
+#ifndef CLUSTER_M
+#define CLUSTER_M 1  // CTAs per cluster, on consecutive tile rows, sharing B (step 11: 2)
+#endif
+#ifndef KERNEL
+#define KERNEL gemm_wgmma_persistent
+#endif
 
 #define CONSUMERS (BLOCK_M / 64)
 #define N_SUB (BLOCK_N / 128)  // m64n128k16 instructions per k16 step
@@ -72,6 +79,14 @@ static_assert(THREADS == 128 * (1 + CONSUMERS), "THREADS: one producer + consume
 static_assert(STAGES >= 2, "the pipeline needs at least two stages");
 static_assert(SMEM_BYTES <= 227 * 1024, "more shared memory than a block can have on sm_90");
 static_assert(GROUP_M >= 1, "GROUP_M >= 1");
+static_assert(CLUSTER_M == 1 || CLUSTER_M == 2, "CLUSTER_M: 1 or 2 CTAs per cluster");
+static_assert(BLOCK_N / 64 % CLUSTER_M == 0, "each CTA of a cluster loads as many B boxes");
+
+#if CLUSTER_M > 1
+#define CLUSTER_DIMS __cluster_dims__(CLUSTER_M, 1, 1)
+#else
+#define CLUSTER_DIMS
+#endif
 
 // Read by the launcher, which raises the kernel's dynamic shared memory limit to it.
 extern "C" __constant__ int gemm_dynamic_smem = SMEM_BYTES;
@@ -126,12 +141,34 @@ __device__ __forceinline__ void prefetch_c_rows(const elem_t* C, int N, int M, i
     }
 }
 
-// tmaps: the tensor maps of A and B, as for 09_wgmma.cu. Grid: 1-D, at most one CTA per tile.
-extern "C" __global__ void __launch_bounds__(THREADS, 1)
-gemm_wgmma_persistent(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
-                      const elem_t* __restrict__ C, elem_t* __restrict__ D,
-                      int M, int N, int K, long long ldc, int relu,
-                      const unsigned long long* __restrict__ tmaps) {
+// Tile `tile` of the clusters' walk: cluster tile (row of CLUSTER_M tile rows, column) in the
+// grouped order; this CTA, `rank` in its cluster, has the tile row rank of it.
+__device__ __forceinline__ void cluster_tile_of(int tile, int tiles_m, int tiles_n, int rank,
+                                                int& tile_m, int& tile_n) {
+    int cluster_m;
+    grouped_tile_of(tile, (tiles_m + CLUSTER_M - 1) / CLUSTER_M, tiles_n,
+                    (GROUP_M + CLUSTER_M - 1) / CLUSTER_M, cluster_m, tile_n);
+    tile_m = cluster_m * CLUSTER_M + rank;
+}
+
+// A stage is free again for this consumer warpgroup: tell every CTA that loads into it (with
+// clusters, the peer's multicast half of B lands in it too).
+__device__ __forceinline__ void release_stage(unsigned empty) {
+#if CLUSTER_M > 1
+#pragma unroll
+    for (unsigned cta = 0; cta < CLUSTER_M; ++cta) mbar_arrive_cluster(empty, cta);
+#else
+    mbar_arrive(empty);
+#endif
+}
+
+// tmaps: the tensor maps of A and B, as for 09_wgmma.cu. Grid: 1-D, CLUSTER_M x at most one
+// cluster per cluster tile; a cluster's CTAs are consecutive blocks.
+extern "C" __global__ void __launch_bounds__(THREADS, 1) CLUSTER_DIMS
+KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
+       const elem_t* __restrict__ C, elem_t* __restrict__ D,
+       int M, int N, int K, long long ldc, int relu,
+       const unsigned long long* __restrict__ tmaps) {
     extern __shared__ __align__(1024) unsigned char smem[];
     const unsigned base = (smem_u32(smem) + 1023) & ~1023u;
     const unsigned staging = base + STAGES * STAGE_BYTES;
@@ -143,7 +180,11 @@ gemm_wgmma_persistent(const elem_t* __restrict__ A, const elem_t* __restrict__ B
 
     const int tiles_m = (M + BLOCK_M - 1) / BLOCK_M;
     const int tiles_n = (N + BLOCK_N - 1) / BLOCK_N;
-    const int tiles = tiles_m * tiles_n;
+    // Cluster tiles: CLUSTER_M tile rows by one tile column (with an odd tiles_m, the last
+    // cluster tile's second row is past M: computed, never stored).
+    const int tiles = (tiles_m + CLUSTER_M - 1) / CLUSTER_M * tiles_n;
+    const int rank = blockIdx.x % CLUSTER_M;
+    const int first_tile = blockIdx.x / CLUSTER_M, tile_step = gridDim.x / CLUSTER_M;
     const int KT = (K + BLOCK_K - 1) / BLOCK_K;
     const int warpgroup = threadIdx.x / 128;
     // Bulk copies move 16-byte units to and from 16-byte aligned addresses: rows of D (and of
@@ -155,7 +196,7 @@ gemm_wgmma_persistent(const elem_t* __restrict__ A, const elem_t* __restrict__ B
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(full_bar + 8 * s, 1);
-            mbar_init(empty_bar + 8 * s, CONSUMERS);
+            mbar_init(empty_bar + 8 * s, CONSUMERS * CLUSTER_M);
         }
         for (int c = 0; c < CONSUMERS; ++c) {
             mbar_init(c_full_bar + 8 * c, 1);  // the producer's arrive (plus C's bytes)
@@ -163,7 +204,11 @@ gemm_wgmma_persistent(const elem_t* __restrict__ A, const elem_t* __restrict__ B
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
+#if CLUSTER_M > 1
+    cluster_sync();  // the peers' barriers are ready before a multicast signals one
+#else
     __syncthreads();
+#endif
 
     if (warpgroup == 0) {  // producer: k-tile `it` of the CTA's life goes to stage it % STAGES
 #if CONSUMERS == 2
@@ -176,19 +221,34 @@ gemm_wgmma_persistent(const elem_t* __restrict__ A, const elem_t* __restrict__ B
             tensormap_acquire(map_b);
             long long it = 0;
             int local = 0;  // tiles this CTA has done
-            for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x, ++local) {
+            for (int tile = first_tile; tile < tiles; tile += tile_step, ++local) {
                 int tile_m, tile_n;
-                grouped_tile_of(tile, tiles_m, tiles_n, GROUP_M, tile_m, tile_n);
+                cluster_tile_of(tile, tiles_m, tiles_n, rank, tile_m, tile_n);
                 for (int kt = 0; kt < KT; ++kt, ++it) {
                     const int s = (int)(it % STAGES);
                     if (it >= STAGES) mbar_wait(empty_bar + 8 * s, (unsigned)((it / STAGES) + 1) & 1);
                     const unsigned stage = base + s * STAGE_BYTES;
                     mbar_arrive_expect_tx(full_bar + 8 * s, STAGE_BYTES);
+#if CLUSTER_M > 1
+                    // A row past M reads the last tile row's A: its D is never stored.
+                    tma_load_2d(stage, map_a, full_bar + 8 * s, kt * BLOCK_K,
+                                min(tile_m, tiles_m - 1) * BLOCK_M);
+                    // This CTA's share of B's boxes, into every CTA of the cluster (the
+                    // stage is free in all of them: its empty barrier counts their
+                    // consumers), so each B byte leaves L2 once per cluster.
+#pragma unroll
+                    for (int j = rank * (BLOCK_N / 64 / CLUSTER_M);
+                         j < (rank + 1) * (BLOCK_N / 64 / CLUSTER_M); ++j)
+                        tma_load_2d_multicast(stage + A_STAGE_BYTES + j * B_BOX_BYTES, map_b,
+                                              full_bar + 8 * s, tile_n * BLOCK_N + 64 * j,
+                                              kt * BLOCK_K, (1 << CLUSTER_M) - 1);
+#else
                     tma_load_2d(stage, map_a, full_bar + 8 * s, kt * BLOCK_K, tile_m * BLOCK_M);
 #pragma unroll
                     for (int j = 0; j < BLOCK_N / 64; ++j)
                         tma_load_2d(stage + A_STAGE_BYTES + j * B_BOX_BYTES, map_b,
                                     full_bar + 8 * s, tile_n * BLOCK_N + 64 * j, kt * BLOCK_K);
+#endif
                     // With the first k-tiles in flight (the consumers are finishing the last
                     // tile, so its staging frees soon), C's rows of this tile.
                     if (prefetch_c && kt == min(STAGES, KT) - 1)
@@ -210,9 +270,9 @@ gemm_wgmma_persistent(const elem_t* __restrict__ A, const elem_t* __restrict__ B
     const bool pair_ok = (N & 1) == 0 && (reinterpret_cast<unsigned long long>(D) & 3) == 0;
     long long it = 0;
     int local = 0;
-    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x, ++local) {
+    for (int tile = first_tile; tile < tiles; tile += tile_step, ++local) {
         int tile_m, tile_n;
-        grouped_tile_of(tile, tiles_m, tiles_n, GROUP_M, tile_m, tile_n);
+        cluster_tile_of(tile, tiles_m, tiles_n, rank, tile_m, tile_n);
         const int m0 = tile_m * BLOCK_M + consumer * 64;  // this warpgroup's first row
         const int n0 = tile_n * BLOCK_N;
         float acc[N_SUB][64];
@@ -239,11 +299,11 @@ gemm_wgmma_persistent(const elem_t* __restrict__ A, const elem_t* __restrict__ B
             wgmma_commit();
             wgmma_wait<1>();
             if (kt > 0 && threadIdx.x % 128 == 0)
-                mbar_arrive(empty_bar + 8 * (int)((it - 1) % STAGES));
+                release_stage(empty_bar + 8 * (int)((it - 1) % STAGES));
         }
         wgmma_wait<0>();
         // The tile's last stage is free too: the producer may refill it for the next tile.
-        if (threadIdx.x % 128 == 0) mbar_arrive(empty_bar + 8 * (int)((it - 1) % STAGES));
+        if (threadIdx.x % 128 == 0) release_stage(empty_bar + 8 * (int)((it - 1) % STAGES));
 
         // Epilogue. The wgmma accumulator layout: warp w holds rows 16 w .. 16 w + 15 of the
         // warpgroup's 64; acc[h][4 j + 2 r + e] is row lane / 4 + 8 r, column
@@ -316,4 +376,8 @@ gemm_wgmma_persistent(const elem_t* __restrict__ A, const elem_t* __restrict__ B
     }
     // The copies read shared memory, which lives only as long as the CTA.
     if (warp == 0) bulk_wait_all();
+#if CLUSTER_M > 1
+    // Nor may a CTA leave while its peer can still arrive on its barriers.
+    cluster_sync();
+#endif
 }

@@ -109,7 +109,10 @@ class CudaKernel:
         tma: reads A and B through TMA tensor maps and needs sm_90a (see the module doc);
             ``params`` must then hold ``BLOCK_M`` and ``BLOCK_K``, the box of A.
         persistent: the kernel loops over the tiles itself: its grid is min(#SMs, #tiles)
-            CTAs along x (``grid`` says how many tiles there are).
+            CTAs along x (``grid`` says how many tiles there are); with ``CLUSTER_M`` in
+            ``params`` (the kernel's compile-time cluster size along M, ``__cluster_dims__``),
+            CLUSTER_M x min(#SMs / CLUSTER_M, #cluster tiles), a cluster tile being CLUSTER_M
+            tile rows by one tile column.
         space: the macros ``gemmlab tune`` searches (its candidates hold ``params``; the
             kernel's static_asserts reject what does not fit), or None: nothing to tune.
     """
@@ -142,9 +145,12 @@ class CudaKernel:
 
     def launch_grid(self, m: int, n: int, device: int) -> tuple[int, int]:
         """The grid a launch on CUDA device ``device`` uses: ``grid``, or for a persistent
-        kernel min(#SMs, #tiles) CTAs along x."""
+        kernel its CTAs along x (the ``persistent`` attribute)."""
         gx, gy = self.grid(m, n)
-        return (min(_multiprocessors(device), gx * gy), 1) if self.persistent else (gx, gy)
+        if not self.persistent:
+            return gx, gy
+        cluster = self.params.get("CLUSTER_M", 1)
+        return cluster * min(_multiprocessors(device) // cluster, gx * -(-gy // cluster)), 1
 
     def defines(self, dtype: torch.dtype = torch.float32) -> tuple[str, ...]:
         """The ``-D`` compiler options that fix the tile sizes and the element type."""

@@ -1,7 +1,9 @@
-// Shared by the wgmma rungs (09_wgmma, 10_wgmma_persistent): PTX wrappers for the mbarrier,
-// TMA and wgmma instructions, and the matrix descriptor of a 128-byte swizzled tile.
-// References: PTX ISA, "mbarrier", "Tensor copy" (cp.async.bulk.tensor), "Asynchronous
-// warpgroup level matrix instructions", setmaxnreg; CUTLASS's cute/arch/mma_sm90_desc.hpp.
+// Shared by the wgmma rungs (09_wgmma, 10_wgmma_persistent, 11_wgmma_cluster): PTX wrappers
+// for the mbarrier, TMA, cluster and wgmma instructions, and the matrix descriptor of a
+// 128-byte swizzled tile.
+// References: PTX ISA, "mbarrier", "Tensor copy" (cp.async.bulk.tensor), "mapa",
+// "barrier.cluster", "Asynchronous warpgroup level matrix instructions", setmaxnreg; CUTLASS's
+// cute/arch/mma_sm90_desc.hpp and cutlass/arch/barrier.h.
 #pragma once
 #include "tensor_core.cuh"
 
@@ -28,6 +30,22 @@ __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
     }
 }
 
+// --- thread block clusters (PTX ISA "mapa", "barrier.cluster") ---
+// Arrive once on barrier `bar` (a shared::cta address of this CTA) of CTA `cta` of the
+// cluster: the barrier at the same offset in that CTA's shared memory.
+__device__ __forceinline__ void mbar_arrive_cluster(unsigned bar, unsigned cta) {
+    asm volatile("{\n.reg .b32 remote;\n"
+                 "mapa.shared::cluster.u32 remote, %0, %1;\n"
+                 "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n"
+                 :: "r"(bar), "r"(cta) : "memory");
+}
+// Every non-exited thread of the cluster arrives, then waits for the others: what one CTA
+// wrote before (barrier initialisation included) is visible to all after.
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n"
+                 ::: "memory");
+}
+
 // --- TMA (PTX ISA "cp.async.bulk.tensor") ---
 // The tensor maps live in global memory (written by the host before the launch): acquire
 // them for the tensor-map proxy before the first copy uses them.
@@ -42,6 +60,15 @@ __device__ __forceinline__ void tma_load_2d(unsigned dst, const void* map, unsig
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
                  " [%0], [%1, {%2, %3}], [%4];\n"
                  :: "r"(dst), "l"(map), "r"(x), "r"(y), "r"(bar) : "memory");
+}
+// tma_load_2d into every CTA of the cluster whose bit is set in `ctas`, at the same offset
+// dst in each one's shared memory, counting down each one's barrier at offset bar.
+__device__ __forceinline__ void tma_load_2d_multicast(unsigned dst, const void* map,
+                                                      unsigned bar, int x, int y,
+                                                      unsigned short ctas) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 ".multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;\n"
+                 :: "r"(dst), "l"(map), "r"(x), "r"(y), "r"(bar), "h"(ctas) : "memory");
 }
 
 // --- wgmma (PTX ISA "Asynchronous warpgroup level matrix instructions") ---
