@@ -15,6 +15,7 @@ import torch
 
 from backends import BACKENDS
 from backends.cuda import SOURCE_DIR, CudaKernel, compile_options
+from backends.cuda.sources import declares_dynamic_smem
 from backends.registry import CUDA_KERNELS
 
 NVCC = shutil.which("nvcc")
@@ -86,6 +87,10 @@ def test_compiles_for_sm_90_without_spills(name, dtype, tmp_path):
     assert all(stores == "0" and loads == "0" for stores, loads in spills), report
     frames = re.findall(r"(\d+) bytes stack frame", report)
     assert frames and all(f == "0" for f in frames), report
+    # The launchers request dynamic shared memory where declares_dynamic_smem says the
+    # source (or a file it includes) declares gemm_dynamic_smem: the build must agree.
+    cubin = (tmp_path / "k.cubin").read_bytes()
+    assert (b"gemm_dynamic_smem" in cubin) == declares_dynamic_smem(kernel.source)
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not on PATH")

@@ -44,7 +44,7 @@ import torch
 from profiling.cuda_toolkit import toolkit_include_dirs
 
 from ..problem import Problem
-from .sources import SOURCE_DIR, compile_options
+from .sources import SOURCE_DIR, compile_options, declares_dynamic_smem
 
 _MAX_GRID_Y = 65535  # CUDA's limit on gridDim.y, which runs over the tiles along M
 _DTYPE_DEFINES = {torch.float32: (), torch.float16: ("-DGEMM_FP16",),
@@ -370,7 +370,7 @@ def _compiled(source: str, name: str, defines: tuple[str, ...], device: int, arc
         module = cupy.RawModule(code=code, options=options)
         function = module.get_function(name)
         smem = 0
-        if "gemm_dynamic_smem" in code:
+        if declares_dynamic_smem(source):
             smem = int(cupy.ndarray((1,), cupy.int32,
                                     memptr=module.get_global("gemm_dynamic_smem")).get()[0])
             function.max_dynamic_shared_size_bytes = smem

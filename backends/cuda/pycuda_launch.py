@@ -18,7 +18,7 @@ import functools
 import numpy as np
 import torch
 
-from .sources import SOURCE_DIR, compile_options
+from .sources import SOURCE_DIR, compile_options, declares_dynamic_smem
 
 
 @functools.cache
@@ -45,7 +45,7 @@ def _compiled(source: str, name: str, defines: tuple[str, ...], device: int, arc
     module = SourceModule(code, options=options, arch=arch, no_extern_c=True)
     function = module.get_function(name)
     smem = 0
-    if "gemm_dynamic_smem" in code:
+    if declares_dynamic_smem(source):
         pointer, _ = module.get_global("gemm_dynamic_smem")
         value = np.zeros(1, np.int32)
         drv.memcpy_dtoh(value, pointer)
