@@ -141,6 +141,7 @@ __device__ __forceinline__ void prefetch_c_rows(const elem_t* C, int N, int M, i
     }
 }
 
+#if CLUSTER_M > 1
 // Tile `tile` of the clusters' walk: cluster tile (row of CLUSTER_M tile rows, column) in the
 // grouped order; this CTA, `rank` in its cluster, has the tile row rank of it.
 __device__ __forceinline__ void cluster_tile_of(int tile, int tiles_m, int tiles_n, int rank,
@@ -150,6 +151,7 @@ __device__ __forceinline__ void cluster_tile_of(int tile, int tiles_m, int tiles
                     (GROUP_M + CLUSTER_M - 1) / CLUSTER_M, cluster_m, tile_n);
     tile_m = cluster_m * CLUSTER_M + rank;
 }
+#endif
 
 // A stage is free again for this consumer warpgroup: tell every CTA that loads into it (with
 // clusters, the peer's multicast half of B lands in it too).
@@ -180,11 +182,15 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
 
     const int tiles_m = (M + BLOCK_M - 1) / BLOCK_M;
     const int tiles_n = (N + BLOCK_N - 1) / BLOCK_N;
+#if CLUSTER_M > 1
     // Cluster tiles: CLUSTER_M tile rows by one tile column (with an odd tiles_m, the last
     // cluster tile's second row is past M: computed, never stored).
     const int tiles = (tiles_m + CLUSTER_M - 1) / CLUSTER_M * tiles_n;
     const int rank = blockIdx.x % CLUSTER_M;
     const int first_tile = blockIdx.x / CLUSTER_M, tile_step = gridDim.x / CLUSTER_M;
+#else
+    const int tiles = tiles_m * tiles_n;
+#endif
     const int KT = (K + BLOCK_K - 1) / BLOCK_K;
     const int warpgroup = threadIdx.x / 128;
     // Bulk copies move 16-byte units to and from 16-byte aligned addresses: rows of D (and of
@@ -221,9 +227,15 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
             tensormap_acquire(map_b);
             long long it = 0;
             int local = 0;  // tiles this CTA has done
+#if CLUSTER_M > 1
             for (int tile = first_tile; tile < tiles; tile += tile_step, ++local) {
                 int tile_m, tile_n;
                 cluster_tile_of(tile, tiles_m, tiles_n, rank, tile_m, tile_n);
+#else
+            for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x, ++local) {
+                int tile_m, tile_n;
+                grouped_tile_of(tile, tiles_m, tiles_n, GROUP_M, tile_m, tile_n);
+#endif
                 for (int kt = 0; kt < KT; ++kt, ++it) {
                     const int s = (int)(it % STAGES);
                     if (it >= STAGES) mbar_wait(empty_bar + 8 * s, (unsigned)((it / STAGES) + 1) & 1);
@@ -270,9 +282,15 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
     const bool pair_ok = (N & 1) == 0 && (reinterpret_cast<unsigned long long>(D) & 3) == 0;
     long long it = 0;
     int local = 0;
+#if CLUSTER_M > 1
     for (int tile = first_tile; tile < tiles; tile += tile_step, ++local) {
         int tile_m, tile_n;
         cluster_tile_of(tile, tiles_m, tiles_n, rank, tile_m, tile_n);
+#else
+    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x, ++local) {
+        int tile_m, tile_n;
+        grouped_tile_of(tile, tiles_m, tiles_n, GROUP_M, tile_m, tile_n);
+#endif
         const int m0 = tile_m * BLOCK_M + consumer * 64;  // this warpgroup's first row
         const int n0 = tile_n * BLOCK_N;
         float acc[N_SUB][64];
