@@ -10,13 +10,15 @@ For each P in ``--ranks``, in order, runs
 repository root, killed after ``--timeout`` seconds, its output in ``DIR/P<P>/log.txt``. A P
 the machine cannot run (the run exits with ``bench.scale.CANNOT_RUN``: more ranks on a node
 than GPUs) is reported and skipped; any other failure (nonzero exit, timeout, a workload that
-failed its check) stops the series, keeping the Ps already measured. ``<mpiexec>`` is
-``--mpiexec``, else ``$GEMMLAB_MPIEXEC``, else ``mpiexec`` (with ``--oversubscribe`` under
-Open MPI, which otherwise refuses more ranks than cores), split like a shell command line.
+failed its check: status ``check_failed``) stops the series, keeping the Ps already measured.
+``<mpiexec>`` is ``--mpiexec``, else ``$GEMMLAB_MPIEXEC``, else ``mpiexec`` (with
+``--oversubscribe`` under Open MPI, which otherwise refuses more ranks than cores), split like
+a shell command line.
 
-The per-P rows are merged, against the P = 1 row of the same workload (T(P): step_ms at P):
+The per-P rows are merged, against the P = 1 row of the same workload (T(P): step_ms at P;
+``scaling``):
 
-- strong: speedup = T(1) / T(P), efficiency = speedup / P;
+- strong: speedup = T(1) / T(P), efficiency = T(1) / (P x T(P));
 - weak: efficiency = T(1) / T(P) (each rank does the P = 1 work, so ideal is a flat time),
   speedup = P x T(1) / T(P) (scaled speedup: P times the work per unit of time).
 
@@ -60,7 +62,9 @@ def default_mpiexec() -> str:
 def run_one(mpiexec: list[str], p: int, mode: str, flags: list[str], out: Path,
             timeout: float) -> tuple[str, str]:
     """Run ``gemmlab scale`` on ``p`` ranks into ``out``; (status, reason) with status
-    ``ok``, ``skipped`` or ``failed``. On timeout the whole process group of mpiexec is
+    ``ok``, ``skipped`` (the machine cannot run P), ``check_failed`` (a workload failed its
+    check: ``out/results.json`` holds its FAIL row beside the others) or ``failed``. On
+    timeout or Ctrl-C (KeyboardInterrupt, raised again) the whole process group of mpiexec is
     killed, ranks included."""
     out.mkdir(parents=True, exist_ok=True)
     log = out / "log.txt"
@@ -75,31 +79,50 @@ def run_one(mpiexec: list[str], p: int, mode: str, flags: list[str], out: Path,
         try:
             rc = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            _kill(proc)
             return "failed", f"timed out after {timeout:g} s (log: {log})"
+        except KeyboardInterrupt:  # the ranks run in a session of their own: Ctrl-C misses them
+            _kill(proc)
+            raise
     lines = log.read_text().strip().splitlines()
     if rc == CANNOT_RUN:
         return "skipped", f"the machine cannot run it: {lines[-1] if lines else ''}"
+    # gemmlab scale exits 1 after writing its results when a workload failed its check.
+    if rc == 1 and (out / "results.json").exists():
+        return "check_failed", f"a workload failed its check (log: {log})"
     if rc != 0 or not (out / "results.json").exists():
         tail = "\n".join(lines[-15:])
         return "failed", f"exit status {rc} (log: {log}); last lines:\n{tail}"
     return "ok", ""
 
 
+def _kill(proc: subprocess.Popen) -> None:
+    """Kill ``proc``'s process group (mpiexec and its ranks) and reap it."""
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def scaling(mode: str, p: int, t1: float, tp: float) -> tuple[float, float]:
+    """(speedup, efficiency) of step time ``tp`` (ms) at TP degree ``p`` against ``t1`` at
+    P = 1 (module doc): strong T(1) / T(P) and T(1) / (P T(P)); weak P T(1) / T(P) and
+    T(1) / T(P). Both are exactly 1.0 at P = 1."""
+    if mode == "strong":
+        return t1 / tp, t1 / (p * tp)
+    return p * t1 / tp, t1 / tp
+
+
 def merge(mode: str, results: dict[int, list[dict]]) -> list[dict]:
     """Every timed row of every P, with ``speedup`` and ``efficiency`` against the P = 1
-    row of its workload (None without one; see the module doc for the formulas)."""
+    row of its workload (None without one; ``scaling``)."""
     base = {r["workload"]: r["step_ms"] for r in results.get(1, []) if "step_ms" in r}
     rows = []
     for p in sorted(results):
         for r in results[p]:
             if "step_ms" not in r:
                 continue
-            ratio = base[r["workload"]] / r["step_ms"] if r["workload"] in base else None
-            speedup = None if ratio is None else (ratio if mode == "strong" else p * ratio)
-            rows.append({**r, "speedup": speedup,
-                         "efficiency": None if speedup is None else speedup / p})
+            speedup, efficiency = (scaling(mode, p, base[r["workload"]], r["step_ms"])
+                                   if r["workload"] in base else (None, None))
+            rows.append({**r, "speedup": speedup, "efficiency": efficiency})
     return rows
 
 
@@ -195,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
             results[p] = json.loads((out / f"P{p}" / "results.json").read_text())["rows"]
             continue
         console.print(f"P={p}: {status}: {reason}", markup=False)
-        if status == "failed":
+        if status in ("failed", "check_failed"):
             console.print(f"stopping the series; keeping P = {sorted(results) or 'none'}")
             failed = True
             break

@@ -115,6 +115,21 @@ def csv_list(text: str | None) -> list[str]:
     return [item.strip() for item in (text or "").split(",") if item.strip()]
 
 
+def int_list(text: str | None, flag: str) -> list[int]:
+    """``"1, 2,4"`` -> ``[1, 2, 4]``: ``csv_list`` of positive integers.
+
+    Raises:
+        UsageError: empty, or an item that is not an integer >= 1 (the message names ``flag``).
+    """
+    try:
+        values = [int(item) for item in csv_list(text)]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise UsageError(f"{flag} must be a comma list of positive integers; got {text!r}")
+    return values
+
+
 def use_interpreter_without_gpu(device_type: str) -> None:
     """The one Triton interpreter policy of every command: on a CPU device triton_fused runs
     under the interpreter (``TRITON_INTERPRET=1``, set before ``backends`` first imports the

@@ -6,6 +6,7 @@ import re
 
 import pytest
 import torch
+import torch.nn.functional as F
 from test_comm import PROGRAMS, mpirun, needs_mpi
 
 pytestmark = needs_mpi
@@ -17,8 +18,10 @@ def test_layers_match_the_dense_layers(ranks, comm):
     result = mpirun(ranks, str(PROGRAMS / "layers.py"), "--comm", comm)
     assert result.returncode == 0, result.stdout + result.stderr
     for line in ("column-parallel activation=None", "column-parallel activation=relu",
-                 "row-parallel", "sequence-parallel column activation=None",
-                 "sequence-parallel column activation=relu", "sequence-parallel row",
+                 "column-parallel activation=gelu", "row-parallel",
+                 "sequence-parallel column activation=None",
+                 "sequence-parallel column activation=relu",
+                 "sequence-parallel column activation=gelu", "sequence-parallel row",
                  "divisibility errors"):
         assert f"OK {line} on {ranks} ranks" in result.stdout
 
@@ -28,6 +31,7 @@ def test_transformer_layer_tp2_matches_tp1():
     assert result.returncode == 0, result.stdout + result.stderr
     assert "OK transformer layer TP=2 matches TP=1" in result.stdout
     assert "OK sequence-parallel transformer layer TP=2 matches TP=1" in result.stdout
+    assert "OK GELU transformer layer TP=2 matches TP=1" in result.stdout
 
 
 def test_gemmlab_tp_on_cpu(tmp_path):
@@ -211,3 +215,50 @@ def test_train_refuses_a_cuda_graph_on_cpu_before_building_anything():
     with pytest.raises(ValueError, match="CUDA graphs need a CUDA device; got cpu"):
         train(GPTConfig(), comm, comm, steps=5, batch=2, lr=1e-3, seed=0,
               device=torch.device("cpu"), cuda_graph=True)
+
+
+def _plain_layer(layer, x):
+    """``TransformerLayer.forward`` written out in plain torch on the layer's own parameters
+    (the TP layers hold (in, out) weights), with torch's tanh GELU in the MLP."""
+    b, t, h = x.shape
+    heads = layer.local_heads
+
+    def linear(fc, z):
+        return z @ fc.weight + fc.bias
+
+    z = F.layer_norm(x, (h,), layer.ln1.weight, layer.ln1.bias, layer.ln1.eps)
+    q, k, v = (linear(fc, z).view(b, t, heads, -1).transpose(1, 2)
+               for fc in (layer.fc_q, layer.fc_k, layer.fc_v))
+    attn = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)
+    x = x + linear(layer.fc_o, attn.reshape(b, t, -1))
+    z = F.layer_norm(x, (h,), layer.ln2.weight, layer.ln2.bias, layer.ln2.eps)
+    return x + linear(layer.fc2, F.gelu(linear(layer.fc1, z), approximate="tanh"))
+
+
+def test_the_gelu_mlp_is_torch_gelu_forward_and_backward(rng):
+    """The GELU layer (fc1's GEMM with its bias fused, then GELU) against the same layer
+    written in plain torch: output, input gradient and every parameter's gradient."""
+    from mpi4py import MPI
+
+    import tp.comm
+    from tp.transformer import GPTConfig, TransformerLayer
+
+    comm = tp.comm.create("mpi", MPI.COMM_SELF, "cpu")
+    torch.manual_seed(5)
+    layer = TransformerLayer(32, 4, comm, activation="gelu")
+    x, g = torch.randn(2, 7, 32, generator=rng), torch.randn(2, 7, 32, generator=rng)
+    results = []
+    for forward in (layer, lambda x: _plain_layer(layer, x)):
+        layer.zero_grad(set_to_none=True)
+        xr = x.clone().requires_grad_(True)
+        y = forward(xr)
+        y.backward(g)
+        results.append((y.detach(), xr.grad, {n: p.grad for n, p in layer.named_parameters()}))
+    (y, gx, grads), (y_ref, gx_ref, grads_ref) = results
+    torch.testing.assert_close(y, y_ref)
+    torch.testing.assert_close(gx, gx_ref)
+    assert grads.keys() == grads_ref.keys() and len(grads) == 16
+    for name in grads:
+        torch.testing.assert_close(grads[name], grads_ref[name], msg=name)
+    with pytest.raises(ValueError, match="activation must be one of"):
+        GPTConfig(activation="swish")

@@ -19,7 +19,8 @@ With P TP ranks and Y = X W + b (W of shape (in, out), the transpose of ``nn.Lin
   (AG+GEMM and GEMM+RS, ``tp.overlap``), forward and backward.
 
 The local GEMMs go through ``backends.gemm`` (the backend is a constructor argument; a
-column-parallel layer with ``activation="relu"`` uses the fused bias + ReLU epilogue). Both
+column-parallel layer with ``activation="relu"`` uses the fused bias + ReLU epilogue; with
+``"gelu"`` the bias is fused and GELU, which no backend's epilogue has, runs after). Both
 layers cut their shard from one full master ``nn.Linear`` (given, or created from torch's
 global RNG, identically on every rank), so a TP layer can be compared with the dense layer.
 """
@@ -29,6 +30,7 @@ from __future__ import annotations
 import contextlib
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from backends import gemm
@@ -108,13 +110,22 @@ class _TPLinear(nn.Module):
         self.comm, self.backend, self.overlap = comm, backend, overlap
         self.sm_margin = sm_margin
 
+    def split_dim(self, bias: bool = False) -> int | None:
+        """The dimension of the full (in, out) weight, or of the full (out,) bias, that is cut
+        into P equal blocks over the TP ranks (rank r holds block r); None when every rank
+        holds it whole (a row-parallel layer's bias)."""
+        if self._split == "columns":
+            return 0 if bias else 1
+        return None if bias else 0
+
     def shard(self, full: torch.Tensor, bias: bool = False) -> torch.Tensor:
         """This rank's part of a full (in, out) weight, or of a full (out,) bias (whole for a
         row-parallel layer), as the layer cuts its own from the master: for comparing
-        gradients with a dense layer's."""
-        if self._split == "columns":
-            return full[self._part] if bias else full[:, self._part]
-        return full if bias else full[self._part]
+        gradients with a dense layer's, and for loading dense weights (``tp.checkpoint``)."""
+        dim = self.split_dim(bias)
+        if dim is None:
+            return full
+        return full.narrow(dim, self._part.start, self._part.stop - self._part.start)
 
     def _check_tokens(self, rows: int, what: str) -> None:
         """Sequence parallelism splits the tokens (the rows of the flattened input or
@@ -140,7 +151,9 @@ class ColumnParallelLinear(_TPLinear):
             multiple of the TP size.
         comm: the TP group's ``tp.comm.Communicator``.
         bias: learn a bias (split with the columns).
-        activation: None or ``"relu"`` (fused into the GEMM's epilogue).
+        activation: None, ``"relu"`` (fused into the GEMM's epilogue) or ``"gelu"`` (GPT-2's
+            tanh approximation, ``F.gelu(approximate="tanh")``, applied to the GEMM's output
+            with the bias fused; its backward is autograd's).
         gather_output: all-gather Y to (..., out_features); otherwise each rank returns its
             (..., out_features / P) block.
         backend: ``backends.gemm`` backend of the local GEMMs.
@@ -177,14 +190,16 @@ class ColumnParallelLinear(_TPLinear):
                  backend: str = "cublas", overlap: bool = True, sm_margin: int = 0,
                  master: nn.Linear | None = None, device=None, dtype=None,
                  name: str | None = None, sequence_parallel: bool = False, chunks: int = 4):
-        if activation not in (None, "relu"):
-            raise ValueError(f"activation must be None or 'relu'; got {activation!r}")
+        if activation not in (None, "relu", "gelu"):
+            raise ValueError(f"activation must be None, 'relu' or 'gelu'; got {activation!r}")
         if gather_output and sequence_parallel:
             raise ValueError("gather_output and sequence_parallel exclude each other: the "
                              "output of a sequence-parallel column layer has every token")
         super().__init__(in_features, out_features, comm, "columns", bias, backend, overlap,
                          sm_margin, master, device, dtype, name, sequence_parallel, chunks)
         self.activation, self.gather_output = activation, gather_output
+        # what the GEMM's epilogue applies: the backends fuse ReLU only
+        self.epilogue = "relu" if activation == "relu" else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(..., in_features) -> (..., out_features / P) (or (..., out_features) with
@@ -192,6 +207,8 @@ class ColumnParallelLinear(_TPLinear):
         out_features / P) (the tokens flattened)."""
         self._check_input(x, self.in_features, "in_features")
         y = _ColumnParallel.apply(x.reshape(-1, self.in_features), self.weight, self.bias, self)
+        if self.activation == "gelu":  # element-wise: on the shard, before any gather
+            y = F.gelu(y, approximate="tanh")
         if self.sequence_parallel:
             return y
         y = y.view(*x.shape[:-1], y.shape[-1])
@@ -257,23 +274,24 @@ class RowParallelLinear(_TPLinear):
 
 
 class _ColumnParallel(torch.autograd.Function):
-    """f fused with the column GEMM: Y_r = act(X W_r + b_r); dX all-reduced in backward (with
-    sequence parallelism: X all-gathered forward, dX reduce-scattered backward)."""
+    """f fused with the column GEMM: Y_r = epilogue(X W_r + b_r) (the layer's ``epilogue``,
+    ReLU or none); dX all-reduced in backward (with sequence parallelism: X all-gathered
+    forward, dX reduce-scattered backward)."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, layer):
         with annotate(f"{layer.name} forward"):
             if layer.sequence_parallel and layer.comm.size > 1:  # (T / P, in) -> (T, out / P)
-                y, x = all_gather_gemm(x, weight, bias, layer.comm, activation=layer.activation,
+                y, x = all_gather_gemm(x, weight, bias, layer.comm, activation=layer.epilogue,
                                        backend=layer.backend, chunks=layer.chunks,
                                        overlap=layer.overlap)
             else:
                 with annotate("compute Y"):
-                    y = gemm(x, weight, bias, activation=layer.activation,
+                    y = gemm(x, weight, bias, activation=layer.epilogue,
                              backend=layer.backend)
         ctx.layer = layer
         ctx.has_bias = bias is not None
-        ctx.save_for_backward(x, weight, y if layer.activation == "relu" else None)
+        ctx.save_for_backward(x, weight, y if layer.epilogue == "relu" else None)
         return y
 
     @staticmethod

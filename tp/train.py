@@ -15,17 +15,23 @@ and the loss's all-reduces) is captured into one CUDA graph and replayed, after 
 stream, gradients set to None before the capture so that its backward allocates them in the
 graph's memory, Adam with ``capturable=True``, static inputs that every step copies its batch
 into, and a static loss read after the replay.
+
+With ``checkpoint`` the run is saved every ``checkpoint_every`` steps and after its last step,
+and ``resume`` continues a saved run from where it stopped, computing exactly the losses the
+uninterrupted run would have (``tp.checkpoint``).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from profiling.nvtx import annotate
 
+from . import checkpoint as checkpoints
 from .grid import split_data
 from .transformer import GPT, GPTConfig
 
@@ -54,18 +60,28 @@ the graph."""
 
 @dataclass
 class TrainResult:
-    """Per-step global loss (mean over the global batch) and wall time (ms)."""
+    """Per-step global loss (mean over the global batch) from step 0, and wall time (ms) of
+    the steps this run made, from ``first_step`` (a resumed run: the checkpoint's step; the
+    losses before it are the checkpoint's record of them)."""
 
     loss: list[float]
     step_ms: list[float]
+    first_step: int = 0
 
 
 def train(config: GPTConfig, tp_comm, dp_comm, *, steps: int, batch: int, lr: float,
           seed: int, device: torch.device, dtype=None, backend: str = "cublas",
           overlap: bool = True, sequence_parallel: bool = False, cuda_graph: bool = False,
-          log=None) -> TrainResult:
-    """Train ``steps`` Adam steps; collective over both communicators. ``batch`` sequences of
-    ``config.seq_len`` bytes per step, ``batch / DP`` of them on each DP rank.
+          log=None, checkpoint: str | Path | None = None, checkpoint_every: int = 0,
+          resume: str | Path | None = None) -> TrainResult:
+    """Train up to step ``steps`` with Adam; collective over both communicators. ``batch``
+    sequences of ``config.seq_len`` bytes per step, ``batch / DP`` of them on each DP rank.
+    ``log(step, loss, ms)`` is called after each step.
+
+    ``checkpoint``: a directory to save the run in (``tp.checkpoint``) after every
+    ``checkpoint_every``-th step (0: none) and after the last. ``resume``: a checkpoint (or a
+    directory of them: the latest) of a run with the same settings (``run_settings``) to
+    continue from its step to ``steps``; steps keep their numbers.
 
     ``sequence_parallel``: the model runs sequence-parallel (``GPT``), each TP rank on its
     block of its DP rank's B * T tokens (B = ``batch`` / DP, T = ``config.seq_len``).
@@ -81,7 +97,12 @@ def train(config: GPTConfig, tp_comm, dp_comm, *, steps: int, batch: int, lr: fl
             gradient relative to the single-process run); with ``sequence_parallel``, B * T
             not a multiple of the TP size; with ``cuda_graph``, a device other than CUDA, a
             communicator whose collectives are not stream-ordered (a graph cannot capture
-            host steps), or ``steps`` <= ``GRAPH_WARMUP_STEPS``.
+            host steps), or ``steps`` <= ``GRAPH_WARMUP_STEPS``; ``cuda_graph`` with
+            ``checkpoint`` or ``resume`` (capturable Adam's state lives in the graph: not
+            supported); a negative ``checkpoint_every``, or one without ``checkpoint``;
+            ``resume`` from another run's settings (``tp.checkpoint.mismatches``) or from
+            a step >= ``steps``.
+        FileNotFoundError: ``resume`` holds no checkpoint.
         RuntimeError: with ``cuda_graph``, the capture failed (CUDA's error says why).
     """
     if batch % dp_comm.size:
@@ -92,6 +113,11 @@ def train(config: GPTConfig, tp_comm, dp_comm, *, steps: int, batch: int, lr: fl
                          f"batch to be a multiple of the TP size {tp_comm.size}")
     if cuda_graph:
         _check_graph(tp_comm, dp_comm, device, steps)
+        if checkpoint is not None or resume is not None:
+            raise ValueError("CUDA-graph training cannot save or resume checkpoints")
+    if checkpoint_every < 0 or (checkpoint_every and checkpoint is None):
+        raise ValueError(f"checkpoint_every must be >= 0 and needs a checkpoint directory; "
+                         f"got {checkpoint_every} with {checkpoint}")
     model = GPT(config, tp_comm, seed=seed, backend=backend, overlap=overlap, device=device,
                 dtype=dtype, sequence_parallel=sequence_parallel)
     # Capturable only for the graph: eager runs keep Adam's default arithmetic (bias
@@ -100,7 +126,18 @@ def train(config: GPTConfig, tp_comm, dp_comm, *, steps: int, batch: int, lr: fl
     optimizer = torch.optim.Adam(model.parameters(), lr=lr, capturable=cuda_graph)
     data = corpus()
     generator = torch.Generator().manual_seed(seed)
+    settings = checkpoints.run_settings(
+        config, tp=tp_comm.size, dp=dp_comm.size, sequence_parallel=sequence_parallel,
+        seed=seed, batch=batch, lr=lr, dtype=dtype or torch.get_default_dtype(),
+        device_type=torch.device(device).type, backend=backend)
     result = TrainResult([], [])
+    if resume is not None:
+        result.first_step, result.loss = checkpoints.restore(
+            resume, model=model, optimizer=optimizer, generator=generator, settings=settings,
+            tp_comm=tp_comm, dp_comm=dp_comm)
+        if result.first_step >= steps:
+            raise ValueError(f"the checkpoint is at step {result.first_step}: nothing to do "
+                             f"up to step {steps}")
 
     def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """One step on this rank's batch; the global mean loss, (1,) float32 on ``device``."""
@@ -133,9 +170,15 @@ def train(config: GPTConfig, tp_comm, dp_comm, *, steps: int, batch: int, lr: fl
             result.step_ms.append((time.perf_counter() - start) * 1e3)
             if log is not None:
                 log(i, result.loss[-1], result.step_ms[-1])
+            done = i + 1
+            if checkpoint is not None and (done == steps or checkpoint_every
+                                           and done % checkpoint_every == 0):
+                checkpoints.save(checkpoint, done, model=model, optimizer=optimizer,
+                                 generator=generator, loss=result.loss, settings=settings,
+                                 tp_comm=tp_comm, dp_comm=dp_comm)
 
     if not cuda_graph:
-        run(0, steps, eager_step)
+        run(result.first_step, steps, eager_step)
         return result
     warmup = torch.cuda.Stream(device)
     warmup.wait_stream(torch.cuda.current_stream(device))

@@ -6,7 +6,9 @@ Per layer, pre-LayerNorm: x + attention(LN(x)), then x + MLP(LN(x)).
 - attention: ``fc_q``, ``fc_k``, ``fc_v`` column-parallel, so each TP rank owns heads / P whole
   heads and runs causal scaled-dot-product attention on them alone; ``fc_o`` row-parallel
   (``input_is_parallel``), whose all-reduce brings the heads back together.
-- MLP: ``fc1`` column-parallel with the fused bias + ReLU epilogue, ``fc2`` row-parallel.
+- MLP: ``fc1`` column-parallel with the fused bias + ReLU epilogue (or, with
+  ``activation="gelu"``, GPT-2's tanh-approximated GELU after the bias-fused GEMM),
+  ``fc2`` row-parallel.
 - LayerNorms, embeddings and the LM head are replicated on every TP rank.
 - With ``sequence_parallel`` (Korthikanti et al. 2022, arXiv:2205.05198, sec. 4.2.2) the
   tokens between the TP regions are split over the TP ranks: each holds a block of the
@@ -33,10 +35,18 @@ from profiling.nvtx import annotate
 from .functional import replicated
 from .layers import ColumnParallelLinear, RowParallelLinear
 
+ACTIVATIONS = ("relu", "gelu")
+"""The MLP's activations: ReLU (fused into ``fc1``'s GEMM) or GELU, tanh approximation (GPT-2)."""
+
 
 @dataclass(frozen=True)
 class GPTConfig:
-    """Sizes of the model. ``vocab`` 256: byte-level tokens."""
+    """Sizes of the model and its MLP's activation (one of ``ACTIVATIONS``). ``vocab`` 256:
+    byte-level tokens.
+
+    Raises:
+        ValueError: an activation not in ``ACTIVATIONS``.
+    """
 
     vocab: int = 256
     seq_len: int = 64
@@ -44,6 +54,11 @@ class GPTConfig:
     heads: int = 4
     layers: int = 2
     mlp_ratio: int = 4
+    activation: str = "relu"
+
+    def __post_init__(self):
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {ACTIVATIONS}; got {self.activation!r}")
 
 
 class TransformerLayer(nn.Module):
@@ -52,17 +67,20 @@ class TransformerLayer(nn.Module):
     hidden) (``forward(x, seq_len=T)``).
 
     Attention has ``heads`` heads of ``head_dim`` (default hidden / heads), so its width
-    heads * head_dim may differ from ``hidden`` (weak scaling widens it). ``chunks`` and
+    heads * head_dim may differ from ``hidden`` (weak scaling widens it). ``activation``: the
+    MLP's, ``"relu"`` or ``"gelu"`` (``ColumnParallelLinear``'s ``fc1``). ``chunks`` and
     ``sm_margin`` go to the row-parallel and overlapped GEMMs (see ``tp.layers``). ``name``
     prefixes its NVTX ranges (``<name> forward``, ``<name>.attention``) and its TP layers'
     (``<name>.fc_q`` ... ``<name>.fc2``).
 
     Raises:
         ValueError: ``heads`` not a multiple of the TP size, or, without ``head_dim``,
-            ``hidden`` not a multiple of ``heads``.
+            ``hidden`` not a multiple of ``heads``; an activation ``ColumnParallelLinear``
+            does not have.
     """
 
     def __init__(self, hidden: int, heads: int, comm, *, mlp_ratio: int = 4,
+                 activation: str = "relu",
                  head_dim: int | None = None, chunks: int = 4, sm_margin: int = 0,
                  backend: str = "cublas", overlap: bool = True, device=None, dtype=None,
                  name: str = "layer", sequence_parallel: bool = False):
@@ -84,7 +102,7 @@ class TransformerLayer(nn.Module):
                                       chunks=chunks, name=f"{name}.fc_o", **common)
         self.ln2 = nn.LayerNorm(hidden, device=device, dtype=dtype)
         inner = mlp_ratio * hidden
-        self.fc1 = ColumnParallelLinear(hidden, inner, comm, activation="relu",
+        self.fc1 = ColumnParallelLinear(hidden, inner, comm, activation=activation,
                                         master=nn.Linear(hidden, inner), name=f"{name}.fc1",
                                         **common)
         self.fc2 = RowParallelLinear(inner, hidden, comm, master=nn.Linear(inner, hidden),
@@ -165,8 +183,9 @@ class GPT(nn.Module):
             self.pos = nn.Embedding(config.seq_len, config.hidden)
             self.layers = nn.ModuleList(
                 TransformerLayer(config.hidden, config.heads, comm, mlp_ratio=config.mlp_ratio,
-                                 backend=backend, overlap=overlap, device=device, dtype=dtype,
-                                 name=f"layer{i}", sequence_parallel=sequence_parallel)
+                                 activation=config.activation, backend=backend,
+                                 overlap=overlap, device=device, dtype=dtype, name=f"layer{i}",
+                                 sequence_parallel=sequence_parallel)
                 for i in range(config.layers))
             self.ln_f = nn.LayerNorm(config.hidden)
             self.head = nn.Linear(config.hidden, config.vocab)

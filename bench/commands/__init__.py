@@ -3,6 +3,6 @@ Each module has ``add_parser(subparsers)``, which registers its parser with ``fu
 its runner, ``func(args, console) -> int`` (the exit status).
 A new subcommand is one module added here."""
 
-from . import bench, comm, info, profile, scale, tp, train, tune
+from . import bench, comm, generate, info, profile, scale, study, tp, train, tune
 
-COMMANDS = (bench, tune, comm, tp, train, scale, profile, info)
+COMMANDS = (bench, tune, comm, tp, train, generate, scale, study, profile, info)

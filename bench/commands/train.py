@@ -1,11 +1,14 @@
 """``gemmlab train``: a small GPT trained with DP x TP (``mpiexec -n P``), optionally
-sequence-parallel and captured into a CUDA graph."""
+sequence-parallel and captured into a CUDA graph, saved to checkpoints and resumed from them
+(``tp.checkpoint``)."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
+import shutil
 import statistics
 from pathlib import Path
 
@@ -14,6 +17,7 @@ from rich.table import Table
 
 from backends.dtypes import DTYPES, TP
 
+from ..recording import unwritable_ancestor
 from ..session import (
     UsageError,
     add_layer_options,
@@ -50,11 +54,71 @@ def _reference(path: str) -> dict:
     return reference
 
 
+def _config(args):
+    """The run's ``GPTConfig``."""
+    from tp.transformer import GPTConfig
+
+    return GPTConfig(seq_len=args.seq, hidden=args.hidden, heads=args.heads, layers=args.layers,
+                     activation=args.activation)
+
+
+def _check_checkpoints(args, settings: dict) -> int:
+    """The checkpoint options' checks (``--resume``, ``--checkpoint``, ``--checkpoint-every``)
+    against the run's ``settings`` (``tp.checkpoint.run_settings``); the step the run starts
+    at.
+
+    Raises:
+        UsageError: no checkpoint at ``--resume``, one of another run or layout, or at a step
+            that leaves nothing to do; ``--checkpoint-every`` without ``--checkpoint`` or
+            < 1; a ``--checkpoint`` that cannot be written or holds checkpoints past the
+            start (without ``--overwrite``); either with ``--cuda-graph``.
+    """
+    from tp import checkpoint
+
+    if args.cuda_graph and (args.checkpoint or args.resume):
+        raise UsageError("--cuda-graph cannot be combined with --checkpoint or --resume "
+                         "(capturable Adam's state lives in the graph)")
+    if args.checkpoint_every is not None and (args.checkpoint_every < 1 or not args.checkpoint):
+        raise UsageError(f"--checkpoint-every must be >= 1 and needs --checkpoint DIR; got "
+                         f"{args.checkpoint_every}")
+    start = 0
+    if args.resume:
+        try:
+            found = checkpoint.find(args.resume)
+            manifest = checkpoint.read_manifest(found)
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"--resume: {exc}") from None
+        if problems := checkpoint.mismatches(manifest["settings"], settings):
+            raise UsageError(f"--resume {found} was saved by another run or layout: "
+                             + "; ".join(problems))
+        start = manifest["step"]
+        if start >= args.steps:
+            raise UsageError(f"--resume {found} is at step {start}: --steps {args.steps} (the "
+                             f"total, from step 0) leaves nothing to train")
+    if args.checkpoint:
+        path = Path(args.checkpoint)
+        if path.exists() and not path.is_dir():
+            raise UsageError(f"--checkpoint {path} exists and is not a directory")
+        if not path.exists() and (ancestor := unwritable_ancestor(path)) is not None:
+            raise UsageError(f"--checkpoint {path} cannot be created: {ancestor} is not a "
+                             f"writable directory")
+        later = checkpoint.later(path, start)
+        if later and not args.overwrite:
+            raise UsageError(f"--checkpoint {path} holds checkpoints past step {start} "
+                             f"({', '.join(p.name for p in later)}); pass --overwrite to "
+                             f"remove them")
+    return start
+
+
 def run(args: argparse.Namespace, console: Console) -> int:
     """``gemmlab train`` (one process) or ``mpiexec -n P gemmlab train --tp T --dp D``: 0
     when it trained, 2 for a mistake in the arguments."""
+    start = 0  # the step the run starts at (a resumed run: its checkpoint's)
+
     def check(device_type: str, ranks: int) -> None:
+        nonlocal start
         # after mpi_setup's Triton interpreter policy
+        from tp.checkpoint import run_settings
         from tp.train import GRAPH_WARMUP_STEPS
         from tp.transformer import GPTConfig
 
@@ -85,6 +149,10 @@ def run(args: argparse.Namespace, console: Console) -> int:
                                  f"capture")
         if args.reference:
             _reference(args.reference)
+        start = _check_checkpoints(args, run_settings(
+            _config(args), tp=tp_size, dp=dp, sequence_parallel=args.sequence_parallel,
+            seed=args.seed, batch=args.batch, lr=args.lr, dtype=DTYPES[args.dtype].torch,
+            device_type=device_type, backend=args.backend))
 
     setup = mpi_setup(args, console, check)
     if isinstance(setup, int):
@@ -93,15 +161,15 @@ def run(args: argparse.Namespace, console: Console) -> int:
     import torch
 
     import tp.comm
+    from tp import checkpoint
     from tp.grid import ProcessGrid
     from tp.train import GRAPH_WARMUP_STEPS, train
-    from tp.transformer import GPTConfig
 
     from ..recording import Recorder
     from ..train_plot import plot_loss
 
     tp_size, dp = _layout(args, world.Get_size())
-    config = GPTConfig(seq_len=args.seq, hidden=args.hidden, heads=args.heads, layers=args.layers)
+    config = _config(args)
     grid = ProcessGrid.create(tp_size, world)
     comm_name = args.comm or default_comm(device.type)
     tp_comm = tp.comm.create(comm_name, grid.tp_comm, device)
@@ -110,6 +178,11 @@ def run(args: argparse.Namespace, console: Console) -> int:
              + (", CUDA graph" if args.cuda_graph else ""))
     say(f"gemmlab train: {label}, {device.type}, {args.dtype}, backend {args.backend}, "
         f"{tp_comm.name}; {config}", highlight=False)
+    if args.resume:
+        say(f"resuming {args.resume} at step {start}", highlight=False)
+    if args.checkpoint and world.Get_rank() == 0:  # only with --overwrite (else refused)
+        for stale in checkpoint.later(args.checkpoint, start):
+            shutil.rmtree(stale)
     reference = _reference(args.reference) if args.reference else None
     plot = functools.partial(plot_loss, label=label, reference=None if reference is None else
                              {"configuration": reference["summary"]["configuration"],
@@ -126,7 +199,10 @@ def run(args: argparse.Namespace, console: Console) -> int:
                    seed=args.seed, device=device, dtype=DTYPES[args.dtype].torch,
                    backend=args.backend, overlap=not args.no_overlap,
                    sequence_parallel=args.sequence_parallel, cuda_graph=args.cuda_graph,
-                   log=log)
+                   log=log, checkpoint=args.checkpoint,
+                   checkpoint_every=args.checkpoint_every or 0, resume=args.resume)
+    if args.checkpoint:
+        say(f"saved step {args.steps} in {Path(args.checkpoint) / f'step-{args.steps:08d}'}")
     # the first step includes compilation; with a CUDA graph, the replays are what is timed
     timed = result.step_ms[GRAPH_WARMUP_STEPS if args.cuda_graph else 1:] or result.step_ms
     summary = {"configuration": label, "tp": tp_size, "dp": dp, "device": device.type,
@@ -134,7 +210,9 @@ def run(args: argparse.Namespace, console: Console) -> int:
                "sequence_parallel": args.sequence_parallel, "cuda_graph": args.cuda_graph,
                "steps": args.steps, "ms_per_step": statistics.median(timed),
                "tokens_per_s": args.batch * args.seq / (statistics.median(timed) / 1e3),
-               "final_loss": result.loss[-1], "torch_threads": torch.get_num_threads()}
+               "final_loss": result.loss[-1], "torch_threads": torch.get_num_threads(),
+               "model": dataclasses.asdict(config), "seed": args.seed, "batch": args.batch,
+               "lr": args.lr, "resumed_from": result.first_step if args.resume else None}
     runs = [summary]
     if reference is not None:
         runs.append(reference["summary"])
@@ -187,7 +265,20 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                     help="capture the whole training step into one CUDA graph after "
                     "the eager warm-up steps and replay it (CUDA, with a stream-ordered "
                     "communicator: nccl, symm, ring or ring/nccl)")
+    tr.add_argument("--activation", choices=("relu", "gelu"), default="relu",
+                    help="the MLP's activation: relu (fused into the GEMM) or gelu (GPT-2's "
+                    "tanh approximation, after the bias-fused GEMM)")
     tr.add_argument("--reference", help="results.json of another run to compare the loss with")
+    tr.add_argument("--checkpoint", metavar="DIR",
+                    help="save the run in DIR/step-<s> after the last step (and every "
+                    "--checkpoint-every steps): dense weights, each rank's Adam and data "
+                    "state; with --overwrite, checkpoints in DIR past the start are removed")
+    tr.add_argument("--checkpoint-every", type=int, metavar="S",
+                    help="also save every S steps (needs --checkpoint)")
+    tr.add_argument("--resume", metavar="PATH",
+                    help="continue the run saved at PATH (a step-<s> checkpoint, or a "
+                    "--checkpoint DIR: its latest) up to --steps, bit for bit; the model, "
+                    "seed, batch, lr, TP, DP, SP, dtype, device and backend must be the same")
     add_layer_options(tr)
     add_run_options(tr, "directory for results.jsonl (steps as they finish), results.json "
                     "(with a loss list), results.csv and results.png")

@@ -1,5 +1,6 @@
 """Run under mpiexec -n 2: a TransformerLayer at TP=2 against the same layer at TP=1 (built
-from the same seed), outputs and gradients; overlap on and off bit-identical. Rank 0 prints."""
+from the same seed), outputs and gradients, with the ReLU and the GELU MLP; overlap on and
+off bit-identical. Rank 0 prints."""
 
 import torch
 from mpi4py import MPI
@@ -14,9 +15,10 @@ rank, p = world.Get_rank(), world.Get_size()
 tp2, tp1 = create("mpi", world), create("mpi", MPI.COMM_SELF)
 
 
-def build(comm, overlap=True, sequence_parallel=False):
+def build(comm, overlap=True, sequence_parallel=False, activation="relu"):
     torch.manual_seed(3)  # the same masters whatever the TP degree
-    return TransformerLayer(32, 4, comm, overlap=overlap, sequence_parallel=sequence_parallel)
+    return TransformerLayer(32, 4, comm, overlap=overlap, sequence_parallel=sequence_parallel,
+                            activation=activation)
 
 
 def run(layer, x, g):
@@ -77,6 +79,26 @@ else:
     raise AssertionError("a sequence-parallel layer ran without seq_len")
 if rank == 0:
     print(f"OK sequence-parallel transformer layer TP={p} matches TP=1", flush=True)
+# The GELU MLP (GPT-2's), plain and sequence-parallel: fc1's shard of columns, GELU on it.
+relu_y1 = y1
+ref = build(tp1, activation="gelu")
+y1, gx1 = run(ref, x, g)
+assert not torch.allclose(y1, relu_y1), "activation='gelu' computed the ReLU layer"
+y2, gx2 = run(layer := build(tp2, activation="gelu"), x, g)
+close(y2, y1, "GELU output")
+close(gx2, gx1, "GELU input gradient")
+close(layer.fc1.weight.grad, ref.fc1.weight.grad[:, rank * m:(rank + 1) * m], "GELU fc1 gradient")
+close(layer.fc1.bias.grad, ref.fc1.bias.grad[rank * m:(rank + 1) * m], "GELU fc1 bias gradient")
+layer = build(tp2, activation="gelu", sequence_parallel=True)
+xs = x.reshape(14, 32)[rows].detach().clone().requires_grad_(True)
+ys = layer(xs, seq_len=7)
+ys.backward(g.reshape(14, 32)[rows])
+close(ys.detach(), y1.reshape(14, 32)[rows], "sequence-parallel GELU output")
+close(xs.grad, gx1.reshape(14, 32)[rows], "sequence-parallel GELU input gradient")
+close(layer.fc1.weight.grad, ref.fc1.weight.grad[:, rank * m:(rank + 1) * m],
+      "sequence-parallel GELU fc1 gradient")
+if rank == 0:
+    print(f"OK GELU transformer layer TP={p} matches TP=1", flush=True)
 try:
     TransformerLayer(32, 3, tp2)
 except ValueError as exc:
