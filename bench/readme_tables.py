@@ -6,9 +6,10 @@ A generated region in a markdown file looks like::
     ...generated markdown, replaced by this script...
     <!-- /gemmlab:table -->
 
-The opening marker names a table kind (``ladder``, ``launch``, ``overhead`` or ``resources``)
-and a results directory, relative to the repository root (or absolute); the table is
-rendered from ``<dir>/results.json`` and replaces the text between the markers, which stay.
+The opening marker names a table kind (``ladder``, ``launch``, ``overhead``, ``resources``,
+``study`` or ``stages``) and a results directory, relative to the repository root (or
+absolute); the table is rendered from ``<dir>/results.json`` and replaces the text between
+the markers, which stay.
 
     python3 -m bench.readme_tables [--check] [README]
 
@@ -193,9 +194,39 @@ def resources_table(directory: str, data: dict) -> str:
             + _provenance(directory, data.get("meta", {})))
 
 
+def study_table(directory: str, data: dict) -> str:
+    """``gemmlab study``'s points: per workload, mode, backend, communicator and P the
+    measured step, TFLOP/s per GPU, comm share and scaling efficiency (FAIL: checked wrong,
+    never timed)."""
+    body = []
+    for r in data["rows"]:
+        point = [r["workload"], r["mode"], f"`{r['backend']}`", r["comm"], str(r["P"])]
+        if not r.get("ok"):
+            body.append([*point, "FAIL", "-", "-", "-"])
+            continue
+        body.append([*point, f"{r['tflops_per_gpu']:.1f}", f"{r['step_ms']:.2f}",
+                     f"{r['comm_share']:.0%}", f"{r['efficiency']:.2f}"])
+    header = ["workload", "mode", "backend", "comm", "P", "TFLOP/s per GPU", "step ms",
+              "comm share", "efficiency"]
+    return (_table(header, "lllllrrrr", body) + "\n\n"
+            + _provenance(directory, data.get("meta", {})))
+
+
+def stages_table(directory: str, data: dict) -> str:
+    """``bench.train_stages``' runtime table: one GPT trained in several stages, against the
+    serial CPU run."""
+    body = [[r["stage"], r["dtype"], str(r["ranks"]), str(r["steps"]),
+             f"{r['ms_per_step']:.2f}", f"{r['tokens_per_s']:.0f}", f"{r['speedup']:.2f}x",
+             f"{r['final_loss']:.4f}", f"{r['max_loss_diff']:.2e}"] for r in data["rows"]]
+    header = ["stage", "dtype", "ranks", "steps", "ms/step", "tokens/s", "speedup",
+              "final loss", "max abs loss diff vs serial"]
+    return (_table(header, "lllrrrrrr", body) + "\n\n"
+            + _provenance(directory, data.get("meta", {})))
+
+
 KINDS: dict[str, Callable[[str, dict], str]] = {
     "ladder": ladder_table, "launch": launch_table, "overhead": overhead_table,
-    "resources": resources_table}
+    "resources": resources_table, "study": study_table, "stages": stages_table}
 
 
 def render(kind: str, directory: str) -> str:

@@ -131,6 +131,22 @@ def git_commit() -> str:
     return git["git_commit"] + ("-dirty" if git["git_dirty"] else "")
 
 
+def _program() -> list[str]:
+    """How this process was started, as a user would type it: ``gemmlab`` (the console
+    script, or ``python3 -m bench.cli``), ``python3 -m <module>`` for another module of the
+    repository (``bench.train_stages``, ``profiling.overhead``), else the script's name."""
+    script = Path(sys.argv[0])
+    try:
+        module = script.resolve().relative_to(REPO)
+    except (OSError, ValueError):
+        module = None
+    if script.name == "gemmlab" or module == Path("bench/cli.py"):
+        return ["gemmlab"]
+    if module is not None and module.suffix == ".py":
+        return ["python3", "-m", ".".join(module.with_suffix("").parts)]
+    return [script.name]
+
+
 def collect_meta() -> dict:
     """Where and how a result was measured: GPU, driver, CUDA, library versions, torch's
     intra-op thread count, the fields of ``provenance()`` (git commit and state, declared
@@ -150,7 +166,7 @@ def collect_meta() -> dict:
         "python": platform.python_version(),
         "torch_threads": torch.get_num_threads(),
         **provenance(),
-        "command": shlex.join(["gemmlab", *sys.argv[1:]]),
+        "command": shlex.join([*_program(), *sys.argv[1:]]),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
 

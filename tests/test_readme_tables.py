@@ -127,6 +127,35 @@ def test_overhead_table(tmp_path):
     ]
 
 
+def test_study_table_marks_fail_points(tmp_path):
+    point = {"workload": "mlp", "mode": "strong", "backend": "cublas", "comm": "nccl", "P": 2,
+             "ok": True, "tflops_per_gpu": 512.34, "step_ms": 1.2345, "comm_share": 0.314,
+             "efficiency": 0.876}
+    d = write(tmp_path, "study", [point, {**point, "backend": "cuda_mma", "ok": False,
+                                          "tflops_per_gpu": None, "step_ms": None}])
+    assert rt.render("study", d).split("\n")[:4] == [
+        "| workload | mode | backend | comm | P | TFLOP/s per GPU | step ms | comm share "
+        "| efficiency |",
+        "| --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: |",
+        "| mlp | strong | `cublas` | nccl | 2 | 512.3 | 1.23 | 31% | 0.88 |",
+        "| mlp | strong | `cuda_mma` | nccl | 2 | FAIL | - | - | - |",
+    ]
+
+
+def test_stages_table(tmp_path):
+    d = write(tmp_path, "stages", [
+        {"stage": "DP 1 x TP 1, cpu", "dtype": "fp32", "ranks": 1, "steps": 200,
+         "ms_per_step": 16.187, "tokens_per_s": 63257.04, "speedup": 1.0, "final_loss": 2.11849,
+         "max_loss_diff": 0.0},
+        {"stage": "DP 1 x TP 1, cuda", "dtype": "fp32", "ranks": 1, "steps": 200,
+         "ms_per_step": 6.451, "tokens_per_s": 158660.2, "speedup": 2.5093,
+         "final_loss": 2.1178, "max_loss_diff": 0.00199}])
+    assert rt.render("stages", d).split("\n")[2:4] == [
+        "| DP 1 x TP 1, cpu | fp32 | 1 | 200 | 16.19 | 63257 | 1.00x | 2.1185 | 0.00e+00 |",
+        "| DP 1 x TP 1, cuda | fp32 | 1 | 200 | 6.45 | 158660 | 2.51x | 2.1178 | 1.99e-03 |",
+    ]
+
+
 def readme(ladder_dir, overhead_dir, ladder_body="old\n", overhead_body="old\n"):
     return (f"# Title\n\nintro\n<!-- gemmlab:table ladder {ladder_dir} -->\n{ladder_body}"
             f"<!-- /gemmlab:table -->\nmiddle\n<!-- gemmlab:table overhead {overhead_dir} -->"

@@ -187,3 +187,15 @@ SHA = "0123456789abcdef0123456789abcdef01234567"
 ])
 def test_table_provenance_names_the_commit_and_its_state(meta, commit):
     assert rt._provenance("d", BASE | meta) == f"Source: `d/results.json`, {commit}{TAIL}"
+
+
+@pytest.mark.parametrize("argv0,program", [
+    ("/venv/bin/gemmlab", "gemmlab"), (str(REPO / "bench" / "cli.py"), "gemmlab"),
+    (str(REPO / "bench" / "train_stages.py"), "python3 -m bench.train_stages"),
+    (str(REPO / "profiling" / "overhead.py"), "python3 -m profiling.overhead"),
+    ("/elsewhere/tool.py", "tool.py")])
+def test_the_recorded_command_is_how_the_process_was_started(monkeypatch, argv0, program):
+    from bench.recording import collect_meta
+
+    monkeypatch.setattr(sys, "argv", [argv0, "a b", "--out", "runs/x"])
+    assert collect_meta()["command"] == f"{program} 'a b' --out runs/x"
