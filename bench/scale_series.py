@@ -44,6 +44,7 @@ from rich.table import Table
 
 from .recording import REPO, collect_meta, write_results
 from .scale import CANNOT_RUN, MODES
+from .session import UsageError, int_list
 
 
 def default_mpiexec() -> str:
@@ -198,11 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv[:cut])
     console = Console(width=None if sys.stdout.isatty() else 160)
     try:
-        ranks = [int(p) for p in args.ranks.split(",") if p.strip()]
-    except ValueError:
-        ranks = []
-    if not ranks or min(ranks) < 1:
-        parser.error(f"--ranks must be a comma list of positive integers; got {args.ranks!r}")
+        ranks = int_list(args.ranks, "--ranks")
+    except UsageError as exc:
+        parser.error(str(exc))
     if "--out" in flags:
         parser.error("--out after -- : the series sets each run's --out (DIR/P<P>)")
     mpiexec = shlex.split(args.mpiexec or default_mpiexec())

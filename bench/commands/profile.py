@@ -13,16 +13,12 @@ from rich.table import Table
 from profiling import ncu, nsys
 
 from ..recording import out_problem
-from ..session import UsageError
+from ..session import UsageError, csv_list
 
 
 def _command(args: argparse.Namespace) -> list[str]:
     """The profiled command: what followed ``--`` (argparse may keep the ``--`` itself)."""
     return args.command[1:] if args.command[:1] == ["--"] else args.command
-
-
-def _csv(text: str) -> tuple[str, ...]:
-    return tuple(item.strip() for item in text.split(",") if item.strip())
 
 
 def _fmt(value, spec: str) -> str:
@@ -65,9 +61,9 @@ def run_ncu(args: argparse.Namespace, console: Console) -> int:
     empty, 1 when no kernel was profiled."""
     _check_out(args)
     result = _session(console, lambda: ncu.run(
-        _command(args), args.out, ranges=args.ranges, sections=_csv(args.sections),
+        _command(args), args.out, ranges=args.ranges, sections=tuple(csv_list(args.sections)),
         launch_count=args.launch_count, kernel_name=args.kernel_name,
-        metrics=(*ncu.EXTRA_METRICS, *_csv(args.metrics or ""))))
+        metrics=(*ncu.EXTRA_METRICS, *csv_list(args.metrics))))
     if isinstance(result, int):
         return result
     status, rows, commands = result
