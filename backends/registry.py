@@ -170,6 +170,7 @@ _CUDA_RUNGS: tuple[tuple[str, str, CudaKernel], ...] = (
                 {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "STAGES": 3, "GROUP_M": 8,
                  "THREADS": 384},
                 dtypes=(torch.float16, torch.bfloat16), tma=True, persistent=True,
+                epilogue_maps=True,
                 # The staging tile takes BLOCK_M x BLOCK_N of the shared memory: fewer stages.
                 space=CudaSpace({"BLOCK_M": (64, 128), "BLOCK_N": (128, 256), "BLOCK_K": (64,),
                                  "STAGES": (2, 3, 4, 5), "GROUP_M": (8, 16)},
@@ -180,6 +181,7 @@ _CUDA_RUNGS: tuple[tuple[str, str, CudaKernel], ...] = (
                 {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "STAGES": 3, "GROUP_M": 8,
                  "THREADS": 384, "CLUSTER_M": 2},
                 dtypes=(torch.float16, torch.bfloat16), tma=True, persistent=True,
+                epilogue_maps=True,
                 space=CudaSpace({"BLOCK_M": (64, 128), "BLOCK_N": (128, 256), "BLOCK_K": (64,),
                                  "STAGES": (2, 3, 4, 5), "GROUP_M": (8, 16), "CLUSTER_M": (2,)},
                                 lambda p: {"THREADS": 128 * (1 + p["BLOCK_M"] // 64)}))),

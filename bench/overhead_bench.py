@@ -116,17 +116,22 @@ def _wrapped_cuda(kernel, p: Problem, a, b, c, d) -> Callable[[], object]:
 
     function, smem = kernel.compiled(p.dtype, a.device.index)
     handle = function.kernel.ptr
-    maps, extra = None, ()
+    maps, extra, epilogue_maps = None, (), None
     if kernel.tma:
         maps = tma.gemm_maps(a, b, p.k, p.n, kernel.params["BLOCK_M"], kernel.params["BLOCK_K"])
         extra = (maps.data_ptr(),)
-    args = KernelArgs([0, 0, 0, 0, p.m, p.n, p.k, p.n, int(p.relu), *extra])
+    if kernel.epilogue_maps:
+        epilogue_maps = tma.EpilogueMaps(p.dtype, p.m, p.n, full_c=True)
+    args = KernelArgs([0, 0, 0, 0, p.m, p.n, p.k, p.n, int(p.relu), *extra],
+                      blobs=2 if epilogue_maps else 0)
     stream = torch.cuda.current_stream().cuda_stream
     (gx, gy), (tx, ty) = kernel.launch_grid(p.m, p.n, a.device.index), kernel.threads
 
     def driver_launch():
         out = torch.empty_like(d)
         args.set_pointers((a.data_ptr(), b.data_ptr(), c.data_ptr(), out.data_ptr(), *extra))
+        if epilogue_maps is not None:
+            args.set_blobs(epilogue_maps(out, c))
         driver.launchKernel(handle, gx, gy, 1, tx, ty, 1, smem, stream, args.address, 0)
         return out
 

@@ -50,10 +50,11 @@ def test_torch_compile_on_odd_shapes(dtype, m, n, k, c_kind, rng):
 def test_persistent_wgmma_loops_over_more_tiles_than_sms(backend, dtype, n, aligned_out,
                                                           aligned_c, c_kind, rng):
     """17 x 17 = 289 tiles on at most 132 CTAs, so each loops over several, with a ragged
-    M and K edge: D leaves by bulk copies (N % 8 == 0, 16-byte aligned D) or, when it
-    cannot, by stores from registers (an ``out`` one element into its buffer; N = 4100); C
-    is read in 4-byte pairs, or element by element when it starts 2 bytes off. With 2-CTA
-    clusters the 17 tile rows leave the last cluster tiles a second CTA past M."""
+    M and K edge: D leaves through the staging tile and TMA stores (N % 8 == 0, 16-byte
+    aligned D) or, when it cannot, by stores from registers (an ``out`` one element into its
+    buffer; N = 4100); a full C is prefetched by the TMA, or read from global memory when it
+    starts 2 bytes off (and a bias always). With 2-CTA clusters the 17 tile rows leave the
+    last cluster tiles a second CTA past M."""
     m, k = 2050, 200
     a, b, c = random_inputs(m, n, k, dtype, "cuda", c_kind, rng)
     if not aligned_c:
@@ -185,11 +186,12 @@ def test_triton_rejects_operands_beyond_32_bit_offsets():
 
 
 @pytest.mark.parametrize("name", sorted(CUDA_KERNELS))
-def test_pycuda_launch_gives_the_cupy_result(name, rng):
+@pytest.mark.parametrize("n", [1999, 2000])  # 2000: the tensor maps of D and C by value
+def test_pycuda_launch_gives_the_cupy_result(name, n, rng):
     if (why := pycuda_unavailable_reason()) is not None:
         pytest.skip(why)
     dtype = CUDA_KERNELS[name].dtypes[-1]
-    a, b, c = random_inputs(1000, 1999, 777, dtype, "cuda", "full", rng)
+    a, b, c = random_inputs(1000, n, 777, dtype, "cuda", "full", rng)
     via_cupy = gemm(a, b, c, activation="relu", backend=name)
     via_pycuda = torch.full_like(via_cupy, float("nan"))
     with use_launcher("pycuda"):

@@ -67,3 +67,88 @@ def test_a_binding_encodes_the_maps_of_an_address_pair_once(monkeypatch):
     assert len(launch_maps._maps) == 2 and (a.data_ptr(), b.data_ptr()) not in launch_maps._maps
     launch_maps(a, b)  # evicted: encoded again
     assert len(encoded) == 12
+
+
+def _fake_encode(encoded):
+    def encode(address, dtype, rows, cols, row_bytes, box_rows, box_cols):
+        encoded.append((address, rows, cols, row_bytes, box_rows, box_cols))
+        return address.to_bytes(8, "little") * (tma.MAP_BYTES // 8)
+    return encode
+
+
+def test_epilogue_maps_follow_the_kernels_conditions(monkeypatch):
+    """D's map when N % 8 == 0 and D is 16-byte aligned, C's when C is also a full, aligned
+    matrix; zeros where the kernel will not read a map; (D, C) pairs seen before are not
+    encoded again."""
+    encoded = []
+    monkeypatch.setattr(tma, "encode_2d", _fake_encode(encoded))
+    m, n = 40, 24
+    d, c = torch.empty(m, n, dtype=torch.float16), torch.empty(m, n, dtype=torch.float16)
+    maps = tma.EpilogueMaps(torch.float16, m, n, full_c=True)
+    both = maps(d, c)
+    assert len(both) == 2 * tma.MAP_BYTES
+    assert both[:8] == d.data_ptr().to_bytes(8, "little")
+    assert both[tma.MAP_BYTES:tma.MAP_BYTES + 8] == c.data_ptr().to_bytes(8, "little")
+    assert encoded == [(d.data_ptr(), m, n, 2 * n, 64, 64), (c.data_ptr(), m, n, 2 * n, 64, 64)]
+    assert maps(d, c) == both and len(encoded) == 2
+    zeros = bytes(tma.MAP_BYTES)
+    assert maps(d, None)[tma.MAP_BYTES:] == zeros  # no C
+    bias = tma.EpilogueMaps(torch.float16, m, n, full_c=False)
+    assert bias(d, torch.empty(n, dtype=torch.float16))[tma.MAP_BYTES:] == zeros
+    odd_c = torch.empty(m * n + 1, dtype=torch.float16)[1:].view(m, n)  # 2 bytes off
+    assert maps(d, odd_c)[tma.MAP_BYTES:] == zeros
+    odd_d = torch.empty(m * n + 1, dtype=torch.float16)[1:].view(m, n)
+    assert maps(odd_d, c) == 2 * zeros  # D from registers: no staging, no prefetch
+    narrow = tma.EpilogueMaps(torch.float16, m, 20, full_c=True)  # N % 8 != 0
+    assert narrow(torch.empty(m, 20, dtype=torch.float16),
+                  torch.empty(m, 20, dtype=torch.float16)) == 2 * zeros
+
+
+def test_epilogue_maps_keep_the_last_pairs(monkeypatch):
+    encoded = []
+    monkeypatch.setattr(tma, "encode_2d", _fake_encode(encoded))
+    maps = tma.EpilogueMaps(torch.bfloat16, 8, 8, full_c=False, kept=2)
+    ds = [torch.empty(8, 8, dtype=torch.bfloat16) for _ in range(3)]
+    for d in ds:
+        maps(d, None)
+    assert len(encoded) == 3 and len(maps._maps) == 2
+    maps(ds[0], None)  # evicted: encoded again
+    assert len(encoded) == 4
+
+
+def test_kernel_args_pass_blobs_by_value_64_byte_aligned():
+    """Tensor maps by value: each blob parameter has its own 64-byte aligned 128 bytes after
+    the 8-byte slots, and set_blobs rewrites them all."""
+    import ctypes
+
+    from backends.cuda import BLOB_BYTES, KernelArgs
+
+    args = KernelArgs([1, 2, 3], blobs=2)
+    pointers = list(args.argv)
+    assert len(pointers) == 5
+    assert [ctypes.c_uint64.from_address(p).value for p in pointers[:3]] == [1, 2, 3]
+    assert pointers[3] % 64 == 0 and pointers[4] == pointers[3] + BLOB_BYTES
+    data = bytes(range(256))
+    args.set_blobs(data)
+    assert ctypes.string_at(pointers[3], 2 * BLOB_BYTES) == data
+    with pytest.raises(ValueError, match="256 bytes"):
+        args.set_blobs(data[:128])
+    assert len(list(KernelArgs([1]).argv)) == 1
+
+
+def test_pycuda_blob_arguments_are_padded_to_their_alignment():
+    """PyCUDA packs parameters with native alignment and byte strings unaligned: the blobs
+    start at the next multiple of 64 after the scalars, as the kernel's parameter layout
+    has them."""
+    import struct
+
+    import numpy as np
+
+    from backends.cuda.pycuda_launch import _blob_arguments
+
+    values = [np.uintp(0)] * 4 + [np.int32(0)] * 3 + [np.int64(0), np.int32(0), np.uintp(0)]
+    assert struct.calcsize("".join(v.dtype.char for v in values)) == 72
+    blobs = bytes(range(256))
+    pad, first, second = _blob_arguments(values, blobs)
+    assert pad.itemsize == 56 and bytes(first) == blobs[:128] and bytes(second) == blobs[128:]
+    assert _blob_arguments(values, b"") == []

@@ -23,7 +23,10 @@ shared memory declares ``extern __shared__`` memory and its size in bytes as
 A kernel built with ``tma=True`` (``09_wgmma.cu``) uses sm_90a-only instructions (wgmma,
 setmaxnreg), so it is compiled for ``sm_90a`` and runs on compute capability 9.0 GPUs only; it
 reads A and B through TMA tensor maps (``backends/cuda/tma.py``) and takes a tenth argument,
-``const unsigned long long* tmaps``: a device buffer with the two 128-byte maps.
+``const unsigned long long* tmaps``: a device buffer with the two 128-byte maps. A kernel built
+with ``epilogue_maps=True`` (``10_wgmma_persistent.cu``) also stores D and prefetches C
+through tensor maps, passed by value after ``tmaps`` as two 128-byte ``__grid_constant__``
+parameters, ``map_d`` and ``map_c`` (``tma.EpilogueMaps``).
 """
 
 from __future__ import annotations
@@ -108,6 +111,8 @@ class CudaKernel:
         dtypes: operand dtypes it is built for (float32, or float16 and bfloat16).
         tma: reads A and B through TMA tensor maps and needs sm_90a (see the module doc);
             ``params`` must then hold ``BLOCK_M`` and ``BLOCK_K``, the box of A.
+        epilogue_maps: the kernel also takes the tensor maps of D and C by value
+            (``tma.EpilogueMaps``; see the module doc); needs ``tma``.
         persistent: the kernel loops over the tiles itself: its grid is min(#SMs, #tiles)
             CTAs along x (``grid`` says how many tiles there are); with ``CLUSTER_M`` in
             ``params`` (the kernel's compile-time cluster size along M, ``__cluster_dims__``),
@@ -124,6 +129,7 @@ class CudaKernel:
     tma: bool = False
     space: CudaSpace | None = None
     persistent: bool = False
+    epilogue_maps: bool = False
 
     @property
     def arch_suffix(self) -> str:
@@ -217,13 +223,16 @@ class CudaKernel:
         function, smem = self.compiled(p.dtype, device)
         handle = function.kernel.ptr  # the CUfunction of CuPy's RawKernel on this device
         ldc = 0 if p.c != "full" else n
-        args = KernelArgs([0, 0, 0, 0, m, n, k, ldc, int(p.relu), *([0] if self.tma else [])])
+        args = KernelArgs([0, 0, 0, 0, m, n, k, ldc, int(p.relu), *([0] if self.tma else [])],
+                          blobs=2 if self.epilogue_maps else 0)
         (tx, ty), lock = self.threads, threading.Lock()
-        maps_of = None
+        maps_of = epilogue_maps_of = None
         if self.tma:
-            from .tma import LaunchMaps
+            from .tma import EpilogueMaps, LaunchMaps
 
             maps_of = LaunchMaps(k, n, self.params["BLOCK_M"], self.params["BLOCK_K"])
+            if self.epilogue_maps:
+                epilogue_maps_of = EpilogueMaps(p.dtype, m, n, full_c=p.c == "full")
         relu, output = int(p.relu), p.output
 
         def launch(a, b, c, out):
@@ -235,15 +244,18 @@ class CudaKernel:
                 a, b, maps = maps_of(a, b)
                 pointers = (a.data_ptr(), b.data_ptr(), 0 if c is None else c.data_ptr(),
                             out.data_ptr(), maps)
+            blobs = b"" if epilogue_maps_of is None else epilogue_maps_of(out, c)
             if _LAUNCHER.get() == "pycuda":
                 from .pycuda_launch import launch as pycuda_launch
 
                 pycuda_launch(self, p.dtype, device, grid,
-                              (*pointers[:4], m, n, k, ldc, relu, *pointers[4:]))
+                              (*pointers[:4], m, n, k, ldc, relu, *pointers[4:]), blobs)
                 return out
             stream = torch._C._cuda_getCurrentRawStream(device)
             with lock:  # the buffer is shared by every call of this binding
                 args.set_pointers(pointers)
+                if blobs:
+                    args.set_blobs(blobs)
                 if runtime.getDevice() == device:
                     driver.launchKernel(handle, grid[0], grid[1], 1, tx, ty, 1, smem, stream,
                                         args.address, 0)
@@ -262,26 +274,49 @@ def _multiprocessors(device: int) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+BLOB_BYTES = 128  # a by-value CUtensorMap parameter (``__grid_constant__``), 64-byte aligned
+
+
 class KernelArgs:
     """The parameter array ``cuLaunchKernel`` reads a launch's arguments through: one 8-byte
     slot per kernel parameter, in order, and the array of the slots' addresses (CUDA driver
     API, "Execution Control"). Pointers and ``long long`` fill a slot; an ``int`` is read
     from its first 4 bytes, which on a little-endian host (x86-64, aarch64) hold the value.
-    Built once per binding: a launch rewrites only the pointer slots, so passing the
-    arguments costs no Python objects (CuPy's own launch builds one per argument).
+    ``blobs`` more parameters of ``BLOB_BYTES`` each (tensor maps by value) follow, each in
+    its own 64-byte aligned buffer. Built once per binding: a launch rewrites only the pointer
+    slots and the blobs, so passing the arguments costs no Python objects (CuPy's own launch
+    builds one per argument). The driver copies the values when the launch is queued (or
+    when a CUDA graph captures it), so the next call may rewrite them at once.
 
     Args:
         values: every parameter's value (ints: pointers as addresses, the rest as themselves;
             non-negative).
+        blobs: how many ``BLOB_BYTES`` parameters follow them (zeros until ``set_blobs``).
     """
 
-    def __init__(self, values: list[int]):
+    def __init__(self, values: list[int], blobs: int = 0):
         if sys.byteorder != "little":
             raise RuntimeError("KernelArgs packs int parameters for little-endian hosts")
         self.slots = (ctypes.c_uint64 * len(values))(*values)
         base = ctypes.addressof(self.slots)
-        self.argv = (ctypes.c_void_p * len(values))(*(base + 8 * i for i in range(len(values))))
+        self._blob_memory = ctypes.create_string_buffer(BLOB_BYTES * blobs + 64)
+        self._blob_base = -(-ctypes.addressof(self._blob_memory) // 64) * 64
+        self._blob_bytes = BLOB_BYTES * blobs
+        addresses = [base + 8 * i for i in range(len(values))]
+        addresses += [self._blob_base + BLOB_BYTES * i for i in range(blobs)]
+        self.argv = (ctypes.c_void_p * len(addresses))(*addresses)
         self.address = ctypes.addressof(self.argv)
+
+    def set_blobs(self, data: bytes) -> None:
+        """Write every blob parameter at once: ``data`` holds ``blobs`` x ``BLOB_BYTES``.
+
+        Raises:
+            ValueError: ``data`` is not that long.
+        """
+        if len(data) != self._blob_bytes:
+            raise ValueError(f"expected {self._blob_bytes} bytes of blob parameters, got "
+                             f"{len(data)}")
+        ctypes.memmove(self._blob_base, data, len(data))
 
     def set_pointers(self, pointers: tuple[int, ...]) -> None:
         """Write the pointer parameters (A, B, C, D, then any after the scalars)."""

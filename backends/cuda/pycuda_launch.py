@@ -14,6 +14,7 @@ selected); anything else is an error rather than a silent reordering.
 from __future__ import annotations
 
 import functools
+import struct
 
 import numpy as np
 import torch
@@ -54,10 +55,12 @@ def _compiled(source: str, name: str, defines: tuple[str, ...], device: int, arc
     return function, smem
 
 
-def launch(kernel, dtype: torch.dtype, device: int, grid: tuple[int, int], args: tuple) -> None:
+def launch(kernel, dtype: torch.dtype, device: int, grid: tuple[int, int], args: tuple,
+           blobs: bytes = b"") -> None:
     """Launch ``kernel`` (a ``backends.cuda.CudaKernel``) for ``dtype`` operands on
     ``device`` with the launcher-neutral ``args`` (four pointers, M, N, K, ldc, relu, and the
-    tensor-map buffer of a ``tma`` kernel) on the default stream.
+    tensor-map buffer of a ``tma`` kernel) and ``blobs``, the by-value tensor maps of an
+    ``epilogue_maps`` kernel (``KernelArgs.set_blobs``'s bytes), on the default stream.
 
     Raises:
         RuntimeError: torch's current stream is not the default stream.
@@ -71,8 +74,24 @@ def launch(kernel, dtype: torch.dtype, device: int, grid: tuple[int, int], args:
         function, smem = _compiled(kernel.source, kernel.name, kernel.defines(dtype), device,
                                    kernel.arch_suffix)
         a, b, c, d, m, n, k, ldc, relu, *extra = args  # extra: the tensor-map buffer
-        function(np.uintp(a), np.uintp(b), np.uintp(c), np.uintp(d), np.int32(m), np.int32(n),
-                 np.int32(k), np.int64(ldc), np.int32(relu), *map(np.uintp, extra),
-                 block=(*kernel.threads, 1), grid=grid, shared=smem)
+        values = [np.uintp(a), np.uintp(b), np.uintp(c), np.uintp(d), np.int32(m),
+                  np.int32(n), np.int32(k), np.int64(ldc), np.int32(relu),
+                  *map(np.uintp, extra)]
+        function(*values, *_blob_arguments(values, blobs), block=(*kernel.threads, 1),
+                 grid=grid, shared=smem)
     finally:
         context.pop()
+
+
+def _blob_arguments(values: list, blobs: bytes) -> list:
+    """``blobs`` as PyCUDA arguments placed where the kernel expects them: PyCUDA packs its
+    parameter buffer with native alignment, which a byte string (``np.void``) does not have,
+    so the 64-byte alignment of a by-value ``CUtensorMap`` is padding written out here."""
+    if not blobs:
+        return []
+    from . import BLOB_BYTES
+
+    offset = struct.calcsize("".join(v.dtype.char for v in values))
+    padding = -offset % 64
+    out = [np.void(bytes(padding))] if padding else []
+    return out + [np.void(blobs[i:i + BLOB_BYTES]) for i in range(0, len(blobs), BLOB_BYTES)]

@@ -34,6 +34,28 @@ __device__ __forceinline__ elem_t elem_of(unsigned bits) {
 #endif
 }
 
+// Two fp32 values rounded to elem_t in one conversion (cvt.rn.bf16x2.f32 / f16x2), lo in the
+// low 16 bits: a pair of D as one 32-bit word.
+__device__ __forceinline__ unsigned pack_pair(float lo, float hi) {
+#if defined(GEMM_BF16)
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+#else
+    const __half2 v = __floats2half2_rn(lo, hi);
+#endif
+    return *reinterpret_cast<const unsigned*>(&v);
+}
+// The two elem_t of a 32-bit word (lo: the low 16 bits) as fp32.
+__device__ __forceinline__ void unpack_pair(unsigned bits, float& lo, float& hi) {
+#if defined(GEMM_BF16)
+    lo = __uint_as_float(bits << 16);
+    hi = __uint_as_float(bits & 0xFFFF0000u);
+#else
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&bits));
+    lo = f.x;
+    hi = f.y;
+#endif
+}
+
 // 8 consecutive elements of row `row` of a rows x cols row-major matrix, from column `col`,
 // zeros outside it; for operands whose rows are not 16-byte aligned.
 __device__ __forceinline__ uint4 load8_scalar(const elem_t* __restrict__ base, int row, int col,

@@ -8,6 +8,8 @@ reads. The driver requires 16-byte aligned addresses and row strides (CUDA drive
 not. The two maps of a launch sit in one small device buffer the kernel receives as a pointer;
 ``LaunchMaps`` keeps a binding's buffers by A's and B's addresses (everything else a map
 encodes is fixed by the binding), so a repeated call encodes and copies nothing.
+``EpilogueMaps`` encodes the maps of D and C that ``10_wgmma_persistent.cu`` takes by value
+(no device buffer, so a CUDA graph that captures a call with a fresh D holds that D's map).
 """
 
 from __future__ import annotations
@@ -124,3 +126,49 @@ class LaunchMaps:
         else:
             self._padded = maps
         return pa, pb, maps.data_ptr()
+
+
+EPILOGUE_BOX = 64  # rows and columns of a D or C box: 128 bytes of 16-bit elements per row
+
+
+class EpilogueMaps:
+    """The ``map_d`` and ``map_c`` kernel parameters of one binding of a kernel that stores D
+    and prefetches a full C through tensor maps (``10_wgmma_persistent.cu``): 256 bytes, D's
+    map then C's, both (M, N) in boxes of ``EPILOGUE_BOX`` x ``EPILOGUE_BOX`` with the
+    128-byte swizzle. Each is encoded only where the kernel reads it, under the kernel's own
+    conditions, and is zeros otherwise: D's when N % 8 == 0 and D is 16-byte aligned (its
+    rows then are), C's when that holds and C is a full, 16-byte aligned (M, N) matrix. The
+    last ``kept`` (D, C) address pairs' maps are kept, so a repeated call encodes nothing.
+
+    Args:
+        dtype: float16 or bfloat16.
+        m, n: D's shape.
+        full_c: the binding's C is a full (M, N) matrix (not None, not a bias).
+    """
+
+    def __init__(self, dtype: torch.dtype, m: int, n: int, full_c: bool, kept: int = 8):
+        self.dtype, self.m, self.n, self.full_c, self.kept = dtype, m, n, full_c, kept
+        self._maps: OrderedDict[tuple[int, int], bytes] = OrderedDict()
+
+    def __call__(self, d: torch.Tensor, c: torch.Tensor | None) -> bytes:
+        d_address = d.data_ptr()
+        c_address = c.data_ptr() if c is not None and self.full_c else 0
+        key = (d_address, c_address)
+        hit = self._maps.get(key)
+        if hit is not None:
+            return hit
+        zeros = bytes(MAP_BYTES)
+        stage = self.n % 8 == 0 and d_address % _ALIGN == 0
+        row_bytes = self.n * d.element_size()
+
+        def encode(address: int) -> bytes:
+            return encode_2d(address, self.dtype, self.m, self.n, row_bytes, EPILOGUE_BOX,
+                             EPILOGUE_BOX)
+
+        map_d = encode(d_address) if stage else zeros
+        prefetch = stage and c_address != 0 and c_address % _ALIGN == 0
+        maps = map_d + (encode(c_address) if prefetch else zeros)
+        self._maps[key] = maps
+        if len(self._maps) > self.kept:
+            self._maps.popitem(last=False)
+        return maps
