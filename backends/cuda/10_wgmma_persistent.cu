@@ -61,6 +61,12 @@
 #endif
 
 #define CONSUMERS (BLOCK_M / 64)
+// setmaxnreg: the producer warpgroup (the TMA thread and the storers) gives registers to the
+// consumers, which hold 128 accumulators each. An inc waits until the pool has the
+// registers, so the consumers may take only what the producer gave back: with 384 threads
+// launched at 168 registers, 128 x (168 - 48) >= 256 x (224 - 168).
+#define PRODUCER_REGS 48
+#define CONSUMER_REGS 224
 #define N_SUB (BLOCK_N / 128)  // 128-column halves of a consumer's accumulator
 #define A_STAGE_BYTES (BLOCK_M * BLOCK_K * 2)
 #define B_BOX_BYTES (BLOCK_K * 64 * 2)  // BLOCK_K rows x 64 columns of B
@@ -81,6 +87,9 @@ static_assert(SMEM_BYTES <= 227 * 1024, "more shared memory than a block can hav
 static_assert(GROUP_M >= 1, "GROUP_M >= 1");
 static_assert(CLUSTER_M == 1 || CLUSTER_M == 2, "CLUSTER_M: 1 or 2 CTAs per cluster");
 static_assert(BLOCK_N / 64 % CLUSTER_M == 0, "each CTA of a cluster loads as many B boxes");
+static_assert(CONSUMERS == 1 || 128 * PRODUCER_REGS + 256 * CONSUMER_REGS <=
+                                    THREADS * (65536 / THREADS / 8 * 8),
+              "setmaxnreg: the consumers can only take the registers the producer gives up");
 
 #if CLUSTER_M > 1
 #define CLUSTER_DIMS __cluster_dims__(CLUSTER_M, 1, 1)
@@ -263,7 +272,7 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
 
     if (warpgroup == 0) {
 #if CONSUMERS == 2
-        setmaxnreg_dec<48>();
+        setmaxnreg_dec<PRODUCER_REGS>();
 #endif
         if (threadIdx.x == 0) {  // producer: k-tile `it` of the CTA's life -> stage it % STAGES
             const void* map_a = tmaps;
@@ -333,7 +342,7 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
     }
 
 #if CONSUMERS == 2
-    setmaxnreg_inc<232>();
+    setmaxnreg_inc<CONSUMER_REGS>();
 #endif
     const int consumer = warpgroup - 1;  // rows 64 * consumer .. + 63 of each tile
     const int warp = warp_in_group;
