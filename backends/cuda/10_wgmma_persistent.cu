@@ -338,6 +338,11 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
             }
             bulk_wait_all();  // the copies read shared memory, which lives as long as the CTA
         }
+#if CLUSTER_M > 1
+        // Every thread takes part in the cluster's last barrier (below for the consumers):
+        // a storer still running when the consumers arrived and exiting afterwards hung it.
+        cluster_sync();
+#endif
         return;
     }
 
