@@ -142,20 +142,15 @@ __device__ __forceinline__ int boxes_inside(int M, int N, int m0, int n0) {
     return m0 < M ? min(BLOCK_N / 64, (N - n0 + 63) / 64) : 0;
 }
 
-// The producer's prefetch of C for the tile at (m0, n0), tile number `local` of the CTA: per
-// consumer warpgroup c, wait until its staging is free (the stores of tile local - 1 have
-// read it), arm its barrier with the bytes of its boxes and have the TMA copy them.
-__device__ __forceinline__ void prefetch_c(const void* map_c, int M, int N, int m0, int n0,
-                                           unsigned staging, unsigned c_full_bar,
-                                           unsigned staging_free_bar, int local) {
-    for (int c = 0; c < CONSUMERS; ++c) {
-        if (local > 0) mbar_wait(staging_free_bar + 8 * c, (unsigned)(local + 1) & 1);
-        const int boxes = boxes_inside(M, N, m0 + 64 * c, n0);
-        mbar_arrive_expect_tx(c_full_bar + 8 * c, boxes * BOX_BYTES);
-        for (int j = 0; j < boxes; ++j)
-            tma_load_2d(staging + (c * (BLOCK_N / 64) + j) * BOX_BYTES, map_c,
-                        c_full_bar + 8 * c, n0 + 64 * j, m0 + 64 * c);
-    }
+// Consumer warpgroup c's 64 x BLOCK_N of C for the tile at (m0, n0) into its staging (free:
+// the stores of its last tile have read it), by the TMA: arm barrier `bar` with the bytes of
+// the boxes that start inside C and copy them.
+__device__ __forceinline__ void load_c(const void* map_c, int M, int N, int m0, int n0,
+                                       unsigned my_staging, unsigned bar) {
+    const int boxes = boxes_inside(M, N, m0, n0);
+    mbar_arrive_expect_tx(bar, boxes * BOX_BYTES);
+    for (int j = 0; j < boxes; ++j)
+        tma_load_2d(my_staging + j * BOX_BYTES, map_c, bar, n0 + 64 * j, m0);
 }
 
 // A stage is free again for this consumer warpgroup: tell every CTA that loads into it (with
@@ -229,7 +224,7 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
     const unsigned full_bar = staging + STAGING_BYTES;  // + 8 * s
     const unsigned empty_bar = full_bar + STAGES * 8;
     // Per consumer warpgroup c (+ 8 * c): its staging holds this tile's C / holds D, ready to
-    // store / is free again (the stores have read it).
+    // store / is free again (the stores have read it; without a prefetch of C).
     const unsigned c_full_bar = empty_bar + STAGES * 8;
     const unsigned d_full_bar = c_full_bar + CONSUMERS * 8;
     const unsigned staging_free_bar = d_full_bar + CONSUMERS * 8;
@@ -258,7 +253,7 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
             mbar_init(empty_bar + 8 * s, CONSUMERS * CLUSTER_M);
         }
         for (int c = 0; c < CONSUMERS; ++c) {
-            mbar_init(c_full_bar + 8 * c, 1);  // the producer's arrive (plus C's bytes)
+            mbar_init(c_full_bar + 8 * c, 1);  // the storer's arrive (plus C's bytes)
             mbar_init(d_full_bar + 8 * c, 1);  // the warpgroup's, once D is in the staging
             mbar_init(staging_free_bar + 8 * c, 1);  // the storer's, once the stores read it
         }
@@ -310,22 +305,22 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
                         tma_load_2d(stage_at + A_STAGE_BYTES + j * B_BOX_BYTES, map_b,
                                     full_bar + 8 * s, tile_n * BLOCK_N + 64 * j, kt * BLOCK_K);
 #endif
-                    // With the first k-tiles in flight (the consumers are finishing the last
-                    // tile, so its staging frees soon), C's boxes of this tile.
-                    if (prefetch && kt == min(STAGES, KT) - 1)
-                        prefetch_c(&map_c, M, N, tile_m * BLOCK_M, tile_n * BLOCK_N, staging,
-                                   c_full_bar, staging_free_bar, local);
                 }
             }
         } else if (stage && lane == 0 && warp_in_group >= 1 && warp_in_group <= CONSUMERS) {
-            // Storer of consumer warpgroup c: once its D is in the staging, one TMA store per
-            // box; once they have read it, the staging is free for the next tile's C or D.
-            // The consumers meanwhile run the next tile's mainloop.
+            // Epilogue I/O of consumer warpgroup c, while the consumers run the next tile's
+            // mainloop: once its D is in the staging, one TMA store per box; once they have
+            // read it, the staging is free, and with a full C the next tile's C goes into it
+            // at once (the producer's k-tile loads never wait for the epilogue).
             const int c = warp_in_group - 1;
             const unsigned my_staging = staging + c * 64 * BLOCK_N * 2;
-            int local = 0;
+            int local = 0, tile_m, tile_n;
+            if (prefetch && first_tile < tiles) {
+                walk_tile(first_tile, tiles_m, tiles_n, tile_m, tile_n);
+                load_c(&map_c, M, N, tile_m * BLOCK_M + 64 * c, tile_n * BLOCK_N, my_staging,
+                       c_full_bar + 8 * c);
+            }
             for (int tile = first_tile; tile < tiles; tile += tile_step, ++local) {
-                int tile_m, tile_n;
                 walk_tile(tile, tiles_m, tiles_n, tile_m, tile_n);
                 const int m0 = tile_m * BLOCK_M + 64 * c, n0 = tile_n * BLOCK_N;
                 mbar_wait(d_full_bar + 8 * c, (unsigned)local & 1);
@@ -334,7 +329,13 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
                     tma_store_2d(&map_d, my_staging + j * BOX_BYTES, n0 + 64 * j, m0);
                 bulk_commit();
                 bulk_wait_read();
-                mbar_arrive(staging_free_bar + 8 * c);
+                if (!prefetch) {
+                    mbar_arrive(staging_free_bar + 8 * c);
+                } else if (tile + tile_step < tiles) {
+                    walk_tile(tile + tile_step, tiles_m, tiles_n, tile_m, tile_n);
+                    load_c(&map_c, M, N, tile_m * BLOCK_M + 64 * c, tile_n * BLOCK_N,
+                           my_staging, c_full_bar + 8 * c);
+                }
             }
             bulk_wait_all();  // the copies read shared memory, which lives as long as the CTA
         }
