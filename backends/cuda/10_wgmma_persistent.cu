@@ -1,38 +1,45 @@
 // Ladder step 10, cuda_wgmma_persistent: cuda_wgmma made persistent (one CTA per SM loops over
-// the tiles) with D leaving through shared memory by TMA bulk copies while the next tile computes.
+// the tiles), with the epilogue's loads and stores done by the TMA while the next tile computes.
 //
 // cuda_wgmma launches one CTA per tile: every tile pays the CTA's start (barrier set-up, the
 // first TMA loads of an empty pipeline) and its end (the epilogue, with the tensor cores idle
 // and no loads in flight). Here the grid is min(#SMs, #tiles) CTAs, each walking tiles
 // blockIdx.x, blockIdx.x + gridDim.x, ... in the grouped order, and the pipeline never drains:
 // - the producer's stage ring runs across tile boundaries (one k-tile counter for the CTA's
-//   whole life), so while the consumers finish tile i and write it out, the TMA is already
-//   loading tile i+1's first STAGES k-tiles;
-// - a full C is prefetched: once tile i's first k-tiles are on their way, the producer has the
-//   TMA copy tile i's rows of C into the staging tile (cp.async.bulk, shared <- global, one
-//   copy per row), so the epilogue reads C from shared memory, not from DRAM with the tensor
-//   cores waiting;
-// - the epilogue writes act(acc + C) into the staging tile (over C, each thread where it read)
-//   and one lane per row hands the row to the TMA unit (cp.async.bulk, global <- shared); the
-//   consumers go on to tile i+1's mainloop as soon as the copies have read the staging.
-// What it should buy: the per-tile start and the global stores stop costing tensor-core time;
-// the most on short K (few k-tiles per tile, so the fixed costs weigh more) and on shapes with
-// more tiles than SMs. What it still lacks (cuBLAS's sm90 kernels have them): the epilogue's
-// own math overlapping the next mainloop (two consumer warpgroups taking turns, CUTLASS's
-// "ping-pong"); clusters with TMA multicast are step 11 (11_wgmma_cluster.cu), which is this
-// file built with CLUSTER_M = 2: the `CLUSTER_M > 1` branches below are what it adds.
-// The staging rows are BLOCK_N * 2 + 16 bytes apart: each warp's 4-byte writes then fall in 32
-// different banks, and every row stays 16-byte aligned as cp.async.bulk requires. A bulk copy
-// moves a whole number of 16-byte units to a 16-byte aligned address, so it needs N % 8 == 0
-// and a 16-byte aligned D; otherwise the kernel stores from registers as cuda_wgmma does. The
-// prefetch of C needs the same of C (a bias, or an unaligned C, is read from global memory).
-// Mainloop, tensor maps, alignment and any M, N, K: as 09_wgmma.cu. The consumer mainloop and
-// the register epilogue are written out here as there: built from one shared header instead,
-// this kernel ran 9% slower at 8192^3 and 6% on 16384x4096x512 on the H200 (bf16, step 9
-// unchanged; bench/results/h200-wgmma-shared-mainloop/), so the copy stays.
-// References: PTX ISA, "cp.async.bulk", "cp.async.bulk.commit_group/wait_group", "membar/fence"
-// (fence.proxy.async), "bar.sync"; CUTLASS's sm90 persistent kernels (tile scheduler, TMA store
-// epilogue); the wgmma references of 09_wgmma.cu.
+//   whole life), so while the consumers finish tile i, the TMA is already loading tile i+1's
+//   first STAGES k-tiles;
+// - the consumers write act(acc + C) into a staging tile in shared memory, laid out as the
+//   TMA's 64 x 64 boxes with the 128-byte swizzle, and go straight on to tile i+1's mainloop;
+// - a storer thread per consumer warpgroup (idle lanes of the producer warpgroup) sends the
+//   boxes to D with TMA tensor stores (cp.async.bulk.tensor, global <- shared) and, once they
+//   have read the staging, has the TMA load tile i+1's C into it, so the epilogue reads C
+//   from shared memory and the producer's k-tile loads never wait for an epilogue;
+// - one m64n256k16 wgmma per k16 step (BLOCK_N = 256) reads the A tile once for all 256
+//   columns; two m64n128k16 read it twice.
+// Measured on the H200 (bench/results/h200-wgmma-tma-epilogue/ and the README): the first
+// version stored D by one bulk copy per row, prefetched C the same way from the producer, and
+// ran the epilogue with a bounds check and a branch per pair; its epilogue took ~9000 cycles
+// per tile with no store at all (clock64 stamps), i.e. 44-54% of the best cuBLAS on short K.
+// The changes were measured one by one on variants of this file (probes/ in that folder);
+// together they bring short K to 88-96% and the square shapes to 92-96%.
+// What it still lacks (cuBLAS's sm90 kernels have it): the epilogue's own math still runs
+// with the tensor cores idle; two consumer warpgroups taking turns on different tiles
+// (CUTLASS's "ping-pong") would hide it. Clusters with TMA multicast are step 11
+// (11_wgmma_cluster.cu), this file built with CLUSTER_M = 2: the `CLUSTER_M > 1` branches.
+// The tensor maps of D and C are kernel parameters (__grid_constant__): a CUDA graph that
+// captures a call with a fresh D keeps that D's map. A map needs a 16-byte aligned base and
+// row stride, so the staging path needs N % 8 == 0 and a 16-byte aligned D (else the kernel
+// stores from registers as cuda_wgmma does) and the C load the same of C (a bias, or an
+// unaligned C, is read from global memory). Boxes past M or N are clipped by the TMA.
+// Mainloop, the tensor maps of A and B, alignment and any M, N, K: as 09_wgmma.cu. The
+// consumer mainloop and the register epilogue are written out here as there: built from one
+// shared header instead, this kernel ran 9% slower at 8192^3 and 6% on 16384x4096x512 on the
+// H200 (bf16, step 9 unchanged; bench/results/h200-wgmma-shared-mainloop/), so the copy stays.
+// References: PTX ISA, "cp.async.bulk.tensor", "cp.async.bulk.commit_group/wait_group",
+// "membar/fence" (fence.proxy.async), "bar.sync", "setmaxnreg"; CUDA C++ Programming Guide,
+// "Tensor Memory Accelerator" (tensor maps as __grid_constant__ parameters); CUTLASS's sm90
+// persistent kernels (tile scheduler, TMA store epilogue); pranjalssh/fast.cu (m64n256k16,
+// TMA-store epilogue on H100); the wgmma references of 09_wgmma.cu.
 #include "wgmma.cuh"
 
 #ifndef BLOCK_M

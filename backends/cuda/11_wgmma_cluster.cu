@@ -18,7 +18,7 @@
 //   peer has not set up) and one before the CTAs exit (no remote arrive may reach a CTA that is
 //   gone).
 // What it should buy: where L2 bandwidth, not the tensor cores, limits the mainloop (the large
-// square shapes, where step 10 stops at 91-92% of cuBLAS). Each cluster needs two SMs of one
+// square shapes). Each cluster needs two SMs of one
 // GPC free at once, so the grid is #SMs / 2 clusters.
 // References: CUDA C++ Programming Guide, "Thread Block Clusters" and "Distributed Shared
 // Memory"; PTX ISA, "cp.async.bulk.tensor" (.multicast::cluster), "mapa", "barrier.cluster";
