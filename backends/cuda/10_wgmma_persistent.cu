@@ -184,9 +184,8 @@ __device__ __forceinline__ unsigned staging_at(unsigned my_staging, int row, int
 // warpgroup's fragment. Pairs past M or N are written too; the TMA stores only what lies
 // inside D. A pair takes one conversion and one 32-bit st.shared, and act is a compare and
 // select against relu_floor (0, or -inf for none: NaN stays NaN either way). This runs once
-// per tile with the tensor cores waiting, and its code is fetched again every tile, so its
-// length is the cost: the general form (bounds checks and a branch per pair) took ~9000
-// cycles per tile on the H200.
+// per tile with the tensor cores waiting, so its length is the cost: the general form (bounds checks and a branch per pair) took ~9000
+// cycles per tile on the H200 (the probes of bench/results/h200-wgmma-tma-epilogue/).
 template <bool kC>
 __device__ __forceinline__ void stage_tile(const float (&acc)[N_SUB][64], unsigned my_staging,
                                            int warp, int lane, float relu_floor) {
@@ -386,7 +385,8 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
                 const unsigned long long desc_a = smem_desc(a_tile + ks * 32, 16);
 #if BLOCK_N == 256
                 // One instruction for all 256 columns reads A once (two n128 read it twice):
-                // 89.7 -> 97.7% of cuBLAS at 8192^3 fp16 (h200-wgmma-lean/).
+                // 94.3 -> 97.7% of cuBLAS at 8192^3 fp16, no epilogue (the probes of
+                // bench/results/h200-wgmma-tma-epilogue/).
                 wgmma_m64n256k16(reinterpret_cast<float(&)[128]>(acc), desc_a,
                                  smem_desc(b_tile + ks * 16 * 128, B_BOX_BYTES));
 #else
