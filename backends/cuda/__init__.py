@@ -48,6 +48,7 @@ from profiling.cuda_toolkit import toolkit_include_dirs
 
 from ..problem import Problem
 from .sources import SOURCE_DIR, compile_options, declares_dynamic_smem
+from .tma import MAP_BYTES
 
 _MAX_GRID_Y = 65535  # CUDA's limit on gridDim.y, which runs over the tiles along M
 _DTYPE_DEFINES = {torch.float32: (), torch.float16: ("-DGEMM_FP16",),
@@ -274,7 +275,7 @@ def _multiprocessors(device: int) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-BLOB_BYTES = 128  # a by-value CUtensorMap parameter (``__grid_constant__``), 64-byte aligned
+BLOB_BYTES = MAP_BYTES  # a by-value CUtensorMap parameter (``__grid_constant__``), 64-byte aligned
 
 
 class KernelArgs:

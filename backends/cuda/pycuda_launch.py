@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from .sources import SOURCE_DIR, compile_options, declares_dynamic_smem
+from .tma import MAP_BYTES
 
 
 @functools.cache
@@ -89,9 +90,7 @@ def _blob_arguments(values: list, blobs: bytes) -> list:
     so the 64-byte alignment of a by-value ``CUtensorMap`` is padding written out here."""
     if not blobs:
         return []
-    from . import BLOB_BYTES
-
     offset = struct.calcsize("".join(v.dtype.char for v in values))
     padding = -offset % 64
     out = [np.void(bytes(padding))] if padding else []
-    return out + [np.void(blobs[i:i + BLOB_BYTES]) for i in range(0, len(blobs), BLOB_BYTES)]
+    return out + [np.void(blobs[i:i + MAP_BYTES]) for i in range(0, len(blobs), MAP_BYTES)]
