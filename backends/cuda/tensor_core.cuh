@@ -26,14 +26,6 @@ __device__ __forceinline__ unsigned elem_bits(elem_t x) {
 #endif
 }
 
-__device__ __forceinline__ elem_t elem_of(unsigned bits) {
-#if defined(GEMM_BF16)
-    return __ushort_as_bfloat16((unsigned short)bits);
-#else
-    return __ushort_as_half((unsigned short)bits);
-#endif
-}
-
 // Two fp32 values rounded to elem_t in one conversion (cvt.rn.bf16x2.f32 / f16x2), lo in the
 // low 16 bits: a pair of D as one 32-bit word.
 __device__ __forceinline__ unsigned pack_pair(float lo, float hi) {

@@ -147,28 +147,21 @@ class EpilogueMaps:
     """
 
     def __init__(self, dtype: torch.dtype, m: int, n: int, full_c: bool, kept: int = 8):
-        self.dtype, self.m, self.n, self.full_c, self.kept = dtype, m, n, full_c, kept
-        self._maps: OrderedDict[tuple[int, int], bytes] = OrderedDict()
+        self.dtype, self.m, self.n, self.full_c = dtype, m, n, full_c
+        self._maps = functools.lru_cache(maxsize=kept)(self._encode)
 
     def __call__(self, d: torch.Tensor, c: torch.Tensor | None) -> bytes:
-        d_address = d.data_ptr()
-        c_address = c.data_ptr() if c is not None and self.full_c else 0
-        key = (d_address, c_address)
-        hit = self._maps.get(key)
-        if hit is not None:
-            return hit
+        return self._maps(d.data_ptr(), c.data_ptr() if c is not None and self.full_c else 0)
+
+    def _encode(self, d_address: int, c_address: int) -> bytes:
         zeros = bytes(MAP_BYTES)
-        stage = self.n % 8 == 0 and d_address % _ALIGN == 0
-        row_bytes = self.n * d.element_size()
+        row_bytes = self.n * self.dtype.itemsize
 
         def encode(address: int) -> bytes:
             return encode_2d(address, self.dtype, self.m, self.n, row_bytes, EPILOGUE_BOX,
                              EPILOGUE_BOX)
 
-        map_d = encode(d_address) if stage else zeros
+        stage = self.n % 8 == 0 and d_address % _ALIGN == 0
         prefetch = stage and c_address != 0 and c_address % _ALIGN == 0
-        maps = map_d + (encode(c_address) if prefetch else zeros)
-        self._maps[key] = maps
-        if len(self._maps) > self.kept:
-            self._maps.popitem(last=False)
-        return maps
+        return ((encode(d_address) if stage else zeros) +
+                (encode(c_address) if prefetch else zeros))
