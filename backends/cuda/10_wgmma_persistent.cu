@@ -180,37 +180,64 @@ __device__ __forceinline__ unsigned staging_at(unsigned my_staging, int row, int
 }
 
 // The epilogue into the staging tile where nothing needs a bounds check: act(acc), or with
-// kC act(acc + C) with C's pair read from where D's pair goes, for every pair of the
-// warpgroup's fragment. Pairs past M or N are written too; the TMA stores only what lies
-// inside D. A pair takes one conversion and one 32-bit st.shared, and act is a compare and
-// select against relu_floor (0, or -inf for none: NaN stays NaN either way). This runs once
-// per tile with the tensor cores waiting, so its length is the cost: the general form (bounds checks and a branch per pair) took ~9000
-// cycles per tile on the H200 (the probes of bench/results/h200-wgmma-tma-epilogue/).
+// kC act(acc + C) with C read from where D goes, for every pair of the warpgroup's fragment.
+// Pairs past M or N are written too; the TMA stores only what lies inside D. The fragment's
+// pairs are 8 x 8 matrices of the staging tile (rows 8 r .. 8 r + 7 of the warp's 16, columns
+// 8 j .. 8 j + 7 of a 128-column half h), so a warp moves four of them per ldmatrix_x4 /
+// stmatrix_x4: 16 instructions each per thread for 64 pairs, where one 32-bit ld/st.shared per
+// pair took 64, the loads of C serialized behind each pair's store (asm volatile). The C
+// loads of a batch of four are issued before any of its math. ReLU is a compare and select
+// (NaN stays NaN). This runs once per tile with the tensor cores waiting, so its length is
+// the cost: the general form (bounds checks and a branch per pair) took ~9000 cycles per tile
+// on the H200 (the probes of bench/results/h200-wgmma-tma-epilogue/).
+template <bool kC, bool kRelu>
+__device__ __forceinline__ void stage_tile(const float (&acc)[N_SUB][64], unsigned my_staging,
+                                           int warp, int lane) {
+    // Lane L gives row L % 8 of matrix q = L / 8 of an x4: q = r + 2 (j' - j), j' = j or j + 1.
+    const int row = warp * 16 + 8 * ((lane / 8) % 2) + lane % 8;
+    constexpr int kBatch = 4;  // x4 instructions whose C loads are in flight together
+#pragma unroll
+    for (int h = 0; h < N_SUB; ++h)
+#pragma unroll
+        for (int j0 = 0; j0 < 16; j0 += 2 * kBatch) {
+            unsigned pairs[kBatch][4];
+            unsigned at[kBatch];
+#pragma unroll
+            for (int b = 0; b < kBatch; ++b) {
+                at[b] = staging_at(my_staging, row, 128 * h + 8 * (j0 + 2 * b + lane / 16));
+                if (kC) ldmatrix_x4(pairs[b], at[b]);
+            }
+#pragma unroll
+            for (int b = 0; b < kBatch; ++b) {
+#pragma unroll
+                for (int q = 0; q < 4; ++q) {
+                    const int e = 4 * (j0 + 2 * b + q / 2) + 2 * (q % 2);  // acc[h][e], [e + 1]
+                    float a0 = acc[h][e], a1 = acc[h][e + 1];
+                    if (kC) {
+                        float c0, c1;
+                        unpack_pair(pairs[b][q], c0, c1);
+                        a0 += c0;
+                        a1 += c1;
+                    }
+                    if (kRelu) {
+                        a0 = a0 < 0.0f ? 0.0f : a0;
+                        a1 = a1 < 0.0f ? 0.0f : a1;
+                    }
+                    pairs[b][q] = pack_pair(a0, a1);
+                }
+                stmatrix_x4(at[b], pairs[b]);
+            }
+        }
+}
+
+// stage_tile with the ReLU chosen at run time (one branch per tile, none per pair).
 template <bool kC>
 __device__ __forceinline__ void stage_tile(const float (&acc)[N_SUB][64], unsigned my_staging,
-                                           int warp, int lane, float relu_floor) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r)
-#pragma unroll
-        for (int h = 0; h < N_SUB; ++h)
-#pragma unroll
-            for (int j = 0; j < 16; ++j) {
-                const unsigned at = staging_at(my_staging, warp * 16 + lane / 4 + 8 * r,
-                                               128 * h + 8 * j + 2 * (lane % 4));
-                float a0 = acc[h][4 * j + 2 * r], a1 = acc[h][4 * j + 2 * r + 1];
-                if (kC) {
-                    unsigned c_bits;
-                    float c0, c1;
-                    asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(c_bits) : "r"(at));
-                    unpack_pair(c_bits, c0, c1);
-                    a0 += c0;
-                    a1 += c1;
-                }
-                a0 = a0 < relu_floor ? 0.0f : a0;
-                a1 = a1 < relu_floor ? 0.0f : a1;
-                asm volatile("st.shared.b32 [%0], %1;\n" :: "r"(at), "r"(pack_pair(a0, a1))
-                             : "memory");
-            }
+                                           int warp, int lane, int relu) {
+    if (relu)
+        stage_tile<kC, true>(acc, my_staging, warp, lane);
+    else
+        stage_tile<kC, false>(acc, my_staging, warp, lane);
 }
 
 // tmaps: the tensor maps of A and B, as for 09_wgmma.cu. map_d, map_c: the tensor maps of D
@@ -360,7 +387,6 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
     const int warp = warp_in_group;
     const unsigned my_staging = staging + consumer * 64 * BLOCK_N * 2;
     const bool pair_ok = (N & 1) == 0 && (reinterpret_cast<unsigned long long>(D) & 3) == 0;
-    const float relu_floor = relu ? 0.0f : __int_as_float(0xff800000);  // 0 or -inf
     long long it = 0;
     int local = 0;
     for (int tile = first_tile; tile < tiles; tile += tile_step, ++local) {
@@ -425,11 +451,11 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
         // prefetch, holds this tile's C.
         if (prefetch) {
             mbar_wait(c_full_bar + 8 * consumer, (unsigned)local & 1);
-            stage_tile<true>(acc, my_staging, warp, lane, relu_floor);
+            stage_tile<true>(acc, my_staging, warp, lane, relu);
         } else {
             if (local > 0) mbar_wait(staging_free_bar + 8 * consumer, (unsigned)(local + 1) & 1);
             if (C == nullptr) {
-                stage_tile<false>(acc, my_staging, warp, lane, relu_floor);
+                stage_tile<false>(acc, my_staging, warp, lane, relu);
             } else {  // a bias, or a C the TMA cannot copy: from global memory, bounds checked
 #pragma unroll
                 for (int r = 0; r < 2; ++r) {

@@ -1,5 +1,6 @@
 // Shared by the tensor-core rungs (07_wmma to 10_wgmma_persistent): 16-bit element bits,
-// staging of unaligned rows, the grouped tile order and the epilogue of an accumulator pair.
+// ldmatrix, staging of unaligned rows, the grouped tile order and the epilogue of an
+// accumulator pair.
 #pragma once
 #include "common.cuh"
 
@@ -24,6 +25,15 @@ __device__ __forceinline__ unsigned elem_bits(elem_t x) {
 #else
     return __half_as_ushort(x);
 #endif
+}
+
+// Four 8x8 matrices of 16-bit elements from shared memory (PTX ISA "ldmatrix"): lanes
+// 8 i .. 8 i + 7 give the addresses of matrix i's 8 rows (16 bytes each), and r[i] receives
+// the calling lane's pair of matrix i, row lane / 4, columns 2 (lane % 4) and + 1: the pair
+// layout of mma.sync's and wgmma's accumulators.
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
 
 // Two fp32 values rounded to elem_t in one conversion (cvt.rn.bf16x2.f32 / f16x2), lo in the

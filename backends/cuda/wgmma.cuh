@@ -1,6 +1,6 @@
 // Shared by the wgmma rungs (09_wgmma, 10_wgmma_persistent, 11_wgmma_cluster): PTX wrappers
-// for the mbarrier, TMA, cluster and wgmma instructions, and the matrix descriptor of a
-// 128-byte swizzled tile.
+// for the mbarrier, TMA, cluster, stmatrix and wgmma instructions, and the matrix descriptor
+// of a 128-byte swizzled tile.
 // References: PTX ISA, "mbarrier", "Tensor copy" (cp.async.bulk.tensor), "mapa",
 // "barrier.cluster", "Asynchronous warpgroup level matrix instructions", setmaxnreg; CUTLASS's
 // cute/arch/mma_sm90_desc.hpp and cutlass/arch/barrier.h.
@@ -86,6 +86,15 @@ __device__ __forceinline__ void tma_load_2d_multicast(unsigned dst, const void* 
 __device__ __forceinline__ void tma_store_2d(const void* map, unsigned src, int x, int y) {
     asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group [%0, {%1, %2}], [%3];\n"
                  :: "l"(map), "r"(x), "r"(y), "r"(src) : "memory");
+}
+
+// --- stmatrix (PTX ISA "stmatrix", sm_90): ldmatrix_x4's inverse ---
+// Lanes 8 i .. 8 i + 7 give the addresses of matrix i's 8 rows (16 bytes each) and r[i] is
+// the calling lane's pair of matrix i (row lane / 4, columns 2 (lane % 4) and + 1): a warp
+// writes four 8x8 matrices of an accumulator's pairs in one instruction.
+__device__ __forceinline__ void stmatrix_x4(unsigned addr, const unsigned (&r)[4]) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1,%2,%3,%4};\n"
+                 :: "r"(addr), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3]) : "memory");
 }
 
 // --- wgmma (PTX ISA "Asynchronous warpgroup level matrix instructions") ---
