@@ -24,7 +24,7 @@ setup(
         # nvmath-python: the cublaslt baseline (cuBLASLt's fused epilogues)
         "cuda12": ["cupy-cuda12x>=13", "nvmath-python[cu12]>=1.0"],
         "cuda13": ["cupy-cuda13x>=13", "nvmath-python[cu13]>=1.0"],
-        "pycuda": ["pycuda"],
+        "pycuda": ["pycuda", "cuda-bindings>=12.4"],  # cuFuncGetParamInfo
         "mpi": ["mpi4py>=4", "mpich"],
         "dev": ["pytest>=8", "pytest-timeout", "hypothesis", "ruff"],
     },

@@ -136,19 +136,24 @@ def test_kernel_args_pass_blobs_by_value_64_byte_aligned():
     assert len(list(KernelArgs([1]).argv)) == 1
 
 
-def test_pycuda_blob_arguments_are_padded_to_their_alignment():
-    """PyCUDA packs parameters with native alignment and byte strings unaligned: the blobs
-    start at the next multiple of 64 after the scalars, as the kernel's parameter layout
-    has them."""
-    import struct
+def test_pycuda_parameter_buffer_follows_the_drivers_layout():
+    """The PyCUDA launch writes each parameter where the driver reads it: step 10's layout
+    on sm_90 (ptxas's offsets from its cubin: the 64-byte aligned tensor maps at 0x70 and
+    0xF0, aligned in the constant bank, not in the buffer), zeros between, ints in their own
+    size (two's complement), and refuses a count or a blob size that does not match."""
+    from backends.cuda.pycuda_launch import parameter_buffer
 
-    import numpy as np
-
-    from backends.cuda.pycuda_launch import _blob_arguments
-
-    values = [np.uintp(0)] * 4 + [np.int32(0)] * 3 + [np.int64(0), np.int32(0), np.uintp(0)]
-    assert struct.calcsize("".join(v.dtype.char for v in values)) == 72
-    blobs = bytes(range(256))
-    pad, first, second = _blob_arguments(values, blobs)
-    assert pad.itemsize == 56 and bytes(first) == blobs[:128] and bytes(second) == blobs[128:]
-    assert _blob_arguments(values, b"") == []
+    layout = ((0, 8), (8, 8), (16, 8), (24, 8), (32, 4), (36, 4), (40, 4), (48, 8), (56, 4),
+              (64, 8), (0x70, 128), (0xF0, 128))
+    map_d, map_c = bytes(range(128)), bytes(range(128, 256))
+    values = (0x7F00_0000_1000, 2, 3, 4, 1000, 1999, -1, 1999, 1, 0x7F00_0000_2000, map_d, map_c)
+    buffer = parameter_buffer(values, layout)
+    assert len(buffer) == 0xF0 + 128
+    assert buffer[0:8] == (0x7F00_0000_1000).to_bytes(8, "little")
+    assert buffer[36:40] == (1999).to_bytes(4, "little") and buffer[40:44] == b"\xff" * 4
+    assert buffer[44:48] == bytes(4) and buffer[72:0x70] == bytes(0x70 - 72)
+    assert buffer[0x70:0xF0] == map_d and buffer[0xF0:] == map_c
+    with pytest.raises(RuntimeError, match="takes 12 parameters; got 11"):
+        parameter_buffer(values[:-1], layout)
+    with pytest.raises(RuntimeError, match="128-byte parameter got 64 bytes"):
+        parameter_buffer((*values[:-1], map_c[:64]), layout)

@@ -373,9 +373,10 @@ def pycuda_unavailable_reason() -> str | None:
     if (why := cuda_unavailable_reason()) is not None:
         return why
     try:
-        import pycuda.driver  # noqa: F401  (the import is the check)
+        import pycuda.driver  # noqa: F401  (the imports are the check)
+        from cuda.bindings import driver  # noqa: F401  (cuFuncGetParamInfo: pycuda_launch)
     except ImportError as exc:
-        return f"PyCUDA is not installed ({exc}); install gemmlab[pycuda]"
+        return f"PyCUDA or cuda-bindings is not installed ({exc}); install gemmlab[pycuda]"
     return None
 
 

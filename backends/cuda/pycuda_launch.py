@@ -9,12 +9,20 @@ use, so the three share memory pointers.
 PyCUDA launches on its own ``Stream`` objects and cannot wrap another library's stream, so
 this launcher runs only on the default stream (torch's current stream unless a side stream is
 selected); anything else is an error rather than a silent reordering.
+
+PyCUDA hands the driver one parameter buffer (``CU_LAUNCH_PARAM_BUFFER_POINTER``), which must
+hold each parameter at the offset the compiler gave it. Those offsets are not the C struct
+rule: ptxas aligns a by-value parameter's address in the constant bank, not in the buffer,
+so the 64-byte aligned tensor maps of steps 10 and 11 sit at 0x70 and 0xF0 on sm_90, not at
+0x80 and 0x100 (PyCUDA's own packing put them there, and the driver refused the launch as
+"too many resources requested"). The buffer is therefore laid out here from the driver's
+answer, ``cuFuncGetParamInfo`` (CUDA 12.4+, through cuda-bindings), asked of the CuPy build
+of the same kernel (PyCUDA does not expose its function handle; one ptxas ABI places both).
 """
 
 from __future__ import annotations
 
 import functools
-import struct
 
 import numpy as np
 import torch
@@ -64,33 +72,61 @@ def launch(kernel, dtype: torch.dtype, device: int, grid: tuple[int, int], args:
     ``epilogue_maps`` kernel (``KernelArgs.set_blobs``'s bytes), on the default stream.
 
     Raises:
-        RuntimeError: torch's current stream is not the default stream.
+        RuntimeError: torch's current stream is not the default stream; the driver's
+            parameter layout does not match ``args`` and ``blobs``.
     """
     if torch.cuda.current_stream(device).cuda_stream != 0:
         raise RuntimeError("the PyCUDA launcher runs on the default stream only; torch's "
                            "current stream is a side stream")
+    layout = parameter_layout(kernel, dtype, device)
+    values = (*args, *(blobs[i:i + MAP_BYTES] for i in range(0, len(blobs), MAP_BYTES)))
+    buffer = parameter_buffer(values, layout)
     context = _context(device)
     context.push()
     try:
         function, smem = _compiled(kernel.source, kernel.name, kernel.defines(dtype), device,
                                    kernel.arch_suffix)
-        a, b, c, d, m, n, k, ldc, relu, *extra = args  # extra: the tensor-map buffer
-        values = [np.uintp(a), np.uintp(b), np.uintp(c), np.uintp(d), np.int32(m),
-                  np.int32(n), np.int32(k), np.int64(ldc), np.int32(relu),
-                  *map(np.uintp, extra)]
-        function(*values, *_blob_arguments(values, blobs), block=(*kernel.threads, 1),
-                 grid=grid, shared=smem)
+        function(np.void(buffer), block=(*kernel.threads, 1), grid=grid, shared=smem)
     finally:
         context.pop()
 
 
-def _blob_arguments(values: list, blobs: bytes) -> list:
-    """``blobs`` as PyCUDA arguments placed where the kernel expects them: PyCUDA packs its
-    parameter buffer with native alignment, which a byte string (``np.void``) does not have,
-    so the 64-byte alignment of a by-value ``CUtensorMap`` is padding written out here."""
-    if not blobs:
-        return []
-    offset = struct.calcsize("".join(v.dtype.char for v in values))
-    padding = -offset % 64
-    out = [np.void(bytes(padding))] if padding else []
-    return out + [np.void(blobs[i:i + MAP_BYTES]) for i in range(0, len(blobs), MAP_BYTES)]
+def parameter_layout(kernel, dtype: torch.dtype, device: int) -> tuple[tuple[int, int], ...]:
+    """(offset, size) in bytes of each parameter of ``kernel``'s build for ``dtype`` on
+    ``device``, as the driver reads a parameter buffer (``cuFuncGetParamInfo``)."""
+    function, _ = kernel.compiled(dtype, device)
+    return _layout(function.kernel.ptr)
+
+
+@functools.cache
+def _layout(handle: int) -> tuple[tuple[int, int], ...]:
+    from cuda.bindings import driver as cu
+
+    function = cu.CUfunction(handle)
+    layout = []
+    while True:
+        err, offset, size = cu.cuFuncGetParamInfo(function, len(layout))
+        if err != cu.CUresult.CUDA_SUCCESS:
+            break  # CUDA_ERROR_INVALID_VALUE: past the last parameter
+        layout.append((offset, size))
+    return tuple(layout)
+
+
+def parameter_buffer(values: tuple, layout: tuple[tuple[int, int], ...]) -> bytes:
+    """The parameter buffer of ``values`` (ints, written little-endian in their parameter's
+    size, two's complement; bytes, copied whole) at ``layout``'s offsets, zeros between.
+
+    Raises:
+        RuntimeError: a different number of values and parameters, or bytes of another size.
+    """
+    if len(values) != len(layout):
+        raise RuntimeError(f"the kernel takes {len(layout)} parameters; got {len(values)}")
+    buffer = bytearray(max((offset + size for offset, size in layout), default=0))
+    for value, (offset, size) in zip(values, layout):
+        if isinstance(value, bytes):
+            if len(value) != size:
+                raise RuntimeError(f"a {size}-byte parameter got {len(value)} bytes")
+        else:
+            value = (int(value) % (1 << 8 * size)).to_bytes(size, "little")
+        buffer[offset:offset + size] = value
+    return bytes(buffer)
