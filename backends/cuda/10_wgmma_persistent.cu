@@ -21,7 +21,9 @@
 // ran the epilogue with a bounds check and a branch per pair; its epilogue took ~9000 cycles
 // per tile with no store at all (clock64 stamps), i.e. 44-54% of the best cuBLAS on short K.
 // The changes were measured one by one on variants of this file (probes/ in that folder);
-// together they bring short K to 88-96% and the square shapes to 92-96%.
+// together they brought short K to 88-96% and the square shapes to 92-96%. The epilogue
+// then moved its pairs by ldmatrix/stmatrix (stage_tile): with ReLU(A @ B + C), short K at
+// 100-105% of the best cuBLAS (bench/results/h200-wgmma-stmatrix/).
 // What it still lacks (cuBLAS's sm90 kernels have it): the epilogue's own math still runs
 // with the tensor cores idle; two consumer warpgroups taking turns on different tiles
 // (CUTLASS's "ping-pong") would hide it. Clusters with TMA multicast are step 11
