@@ -56,6 +56,9 @@
 #ifndef STAGES
 #define STAGES 3
 #endif
+#ifndef EPILOGUE_N
+#define EPILOGUE_N BLOCK_N  // columns of D a consumer warpgroup stages per pass (the store subtile)
+#endif
 #ifndef GROUP_M
 #define GROUP_M 8
 #endif
@@ -77,11 +80,13 @@
 #define PRODUCER_REGS 48
 #define CONSUMER_REGS 224
 #define N_SUB (BLOCK_N / 128)  // 128-column halves of a consumer's accumulator
+#define PASS_SUB (EPILOGUE_N / 128)  // of them per epilogue pass
+#define PASSES (BLOCK_N / EPILOGUE_N)  // epilogue passes per tile, through one staging buffer
 #define A_STAGE_BYTES (BLOCK_M * BLOCK_K * 2)
 #define B_BOX_BYTES (BLOCK_K * 64 * 2)  // BLOCK_K rows x 64 columns of B
 #define STAGE_BYTES (A_STAGE_BYTES + BLOCK_N * BLOCK_K * 2)
 #define BOX_BYTES (64 * 128)  // a 64 x 64 box of D or C in the staging tile, 128B-swizzled
-#define STAGING_BYTES (BLOCK_M * BLOCK_N * 2)
+#define STAGING_BYTES (BLOCK_M * EPILOGUE_N * 2)
 // Stages (1024-aligned for the swizzle), the staging tile (its boxes 1024-aligned too), then
 // a full and an empty mbarrier per stage and three per consumer warpgroup; + 1024 to align
 // the dynamic shared memory's base.
@@ -90,6 +95,8 @@
 static_assert(BLOCK_K == 64, "a k-tile is one 128-byte swizzle span of 16-bit elements");
 static_assert(BLOCK_M == 64 || BLOCK_M == 128, "one or two consumer warpgroups of 64 rows");
 static_assert(BLOCK_N % 128 == 0 && BLOCK_N <= 256, "BLOCK_N: 128 or 256");
+static_assert(EPILOGUE_N % 128 == 0 && BLOCK_N % EPILOGUE_N == 0,
+              "EPILOGUE_N: 128-column halves of the tile, dividing BLOCK_N");
 static_assert(THREADS == 128 * (1 + CONSUMERS), "THREADS: one producer + consumer warpgroups");
 static_assert(STAGES >= 2, "the pipeline needs at least two stages");
 static_assert(SMEM_BYTES <= 227 * 1024, "more shared memory than a block can have on sm_90");
@@ -145,14 +152,14 @@ __device__ __forceinline__ void walk_tile(int tile, int tiles_m, int tiles_n, in
 #endif
 }
 
-// The boxes of a consumer warpgroup's 64 x BLOCK_N part of the tile at (m0, n0) that start
-// inside the M x N matrix (the TMA zero-fills, or does not store, the rest of a box).
+// The boxes of a consumer warpgroup's 64 x EPILOGUE_N pass at (m0, n0) that start inside the
+// M x N matrix (the TMA zero-fills, or does not store, the rest of a box).
 __device__ __forceinline__ int boxes_inside(int M, int N, int m0, int n0) {
-    return m0 < M ? min(BLOCK_N / 64, (N - n0 + 63) / 64) : 0;
+    return m0 < M && n0 < N ? min(EPILOGUE_N / 64, (N - n0 + 63) / 64) : 0;
 }
 
-// Consumer warpgroup c's 64 x BLOCK_N of C for the tile at (m0, n0) into its staging (free:
-// the stores of its last tile have read it), by the TMA: arm barrier `bar` with the bytes of
+// Consumer warpgroup c's 64 x EPILOGUE_N of C for the pass at (m0, n0) into its staging (free:
+// the stores of its last pass have read it), by the TMA: arm barrier `bar` with the bytes of
 // the boxes that start inside C and copy them.
 __device__ __forceinline__ void load_c(const void* map_c, int M, int N, int m0, int n0,
                                        unsigned my_staging, unsigned bar) {
@@ -182,10 +189,11 @@ __device__ __forceinline__ unsigned staging_at(unsigned my_staging, int row, int
 }
 
 // The epilogue into the staging tile where nothing needs a bounds check: act(acc), or with
-// kC act(acc + C) with C read from where D goes, for every pair of the warpgroup's fragment.
-// Pairs past M or N are written too; the TMA stores only what lies inside D. The fragment's
-// pairs are 8 x 8 matrices of the staging tile (rows 8 r .. 8 r + 7 of the warp's 16, columns
-// 8 j .. 8 j + 7 of a 128-column half h), so a warp moves four of them per ldmatrix_x4 /
+// kC act(acc + C) with C read from where D goes, for every pair of one 128-column half of the
+// warpgroup's fragment (`half`: its first box in the staging tile). Pairs past M or N are
+// written too; the TMA stores only what lies inside D. The fragment's pairs are 8 x 8
+// matrices of the staging tile (rows 8 r .. 8 r + 7 of the warp's 16, columns 8 j .. 8 j + 7
+// of the half), so a warp moves four of them per ldmatrix_x4 /
 // stmatrix_x4: 16 instructions each per thread for 64 pairs, where one 32-bit ld/st.shared per
 // pair took 64, the loads of C serialized behind each pair's store (asm volatile). The C
 // loads of a batch of four are issued before any of its math. ReLU is a compare and select
@@ -193,53 +201,51 @@ __device__ __forceinline__ unsigned staging_at(unsigned my_staging, int row, int
 // the cost: the general form (bounds checks and a branch per pair) took ~9000 cycles per tile
 // on the H200 (the probes of bench/results/h200-wgmma-tma-epilogue/).
 template <bool kC, bool kRelu>
-__device__ __forceinline__ void stage_tile(const float (&acc)[N_SUB][64], unsigned my_staging,
-                                           int warp, int lane) {
+__device__ __forceinline__ void stage_tile(const float (&acc)[64], unsigned half, int warp,
+                                           int lane) {
     // Lane L gives row L % 8 of matrix q = L / 8 of an x4: q = r + 2 (j' - j), j' = j or j + 1.
     const int row = warp * 16 + 8 * ((lane / 8) % 2) + lane % 8;
     constexpr int kBatch = 4;  // x4 instructions whose C loads are in flight together
 #pragma unroll
-    for (int h = 0; h < N_SUB; ++h)
+    for (int j0 = 0; j0 < 16; j0 += 2 * kBatch) {
+        unsigned pairs[kBatch][4];
+        unsigned at[kBatch];
 #pragma unroll
-        for (int j0 = 0; j0 < 16; j0 += 2 * kBatch) {
-            unsigned pairs[kBatch][4];
-            unsigned at[kBatch];
-#pragma unroll
-            for (int b = 0; b < kBatch; ++b) {
-                at[b] = staging_at(my_staging, row, 128 * h + 8 * (j0 + 2 * b + lane / 16));
-                if (kC) ldmatrix_x4(pairs[b], at[b]);
-            }
-#pragma unroll
-            for (int b = 0; b < kBatch; ++b) {
-#pragma unroll
-                for (int q = 0; q < 4; ++q) {
-                    const int e = 4 * (j0 + 2 * b + q / 2) + 2 * (q % 2);  // acc[h][e], [e + 1]
-                    float a0 = acc[h][e], a1 = acc[h][e + 1];
-                    if (kC) {
-                        float c0, c1;
-                        unpack_pair(pairs[b][q], c0, c1);
-                        a0 += c0;
-                        a1 += c1;
-                    }
-                    if (kRelu) {
-                        a0 = a0 < 0.0f ? 0.0f : a0;
-                        a1 = a1 < 0.0f ? 0.0f : a1;
-                    }
-                    pairs[b][q] = pack_pair(a0, a1);
-                }
-                stmatrix_x4(at[b], pairs[b]);
-            }
+        for (int b = 0; b < kBatch; ++b) {
+            at[b] = staging_at(half, row, 8 * (j0 + 2 * b + lane / 16));
+            if (kC) ldmatrix_x4(pairs[b], at[b]);
         }
+#pragma unroll
+        for (int b = 0; b < kBatch; ++b) {
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                const int e = 4 * (j0 + 2 * b + q / 2) + 2 * (q % 2);  // acc[e], [e + 1]
+                float a0 = acc[e], a1 = acc[e + 1];
+                if (kC) {
+                    float c0, c1;
+                    unpack_pair(pairs[b][q], c0, c1);
+                    a0 += c0;
+                    a1 += c1;
+                }
+                if (kRelu) {
+                    a0 = a0 < 0.0f ? 0.0f : a0;
+                    a1 = a1 < 0.0f ? 0.0f : a1;
+                }
+                pairs[b][q] = pack_pair(a0, a1);
+            }
+            stmatrix_x4(at[b], pairs[b]);
+        }
+    }
 }
 
-// stage_tile with the ReLU chosen at run time (one branch per tile, none per pair).
+// stage_tile with the ReLU chosen at run time (one branch per half, none per pair).
 template <bool kC>
-__device__ __forceinline__ void stage_tile(const float (&acc)[N_SUB][64], unsigned my_staging,
-                                           int warp, int lane, int relu) {
+__device__ __forceinline__ void stage_tile(const float (&acc)[64], unsigned half, int warp,
+                                           int lane, int relu) {
     if (relu)
-        stage_tile<kC, true>(acc, my_staging, warp, lane);
+        stage_tile<kC, true>(acc, half, warp, lane);
     else
-        stage_tile<kC, false>(acc, my_staging, warp, lane);
+        stage_tile<kC, false>(acc, half, warp, lane);
 }
 
 // tmaps: the tensor maps of A and B, as for 09_wgmma.cu. map_d, map_c: the tensor maps of D
@@ -344,32 +350,39 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
             }
         } else if (stage && lane == 0 && warp_in_group >= 1 && warp_in_group <= CONSUMERS) {
             // Epilogue I/O of consumer warpgroup c, while the consumers run the next tile's
-            // mainloop: once its D is in the staging, one TMA store per box; once they have
-            // read it, the staging is free, and with a full C the next tile's C goes into it
-            // at once (the producer's k-tile loads never wait for the epilogue).
+            // mainloop: once a pass of its D is in the staging, one TMA store per box; once
+            // they have read it, the staging is free, and with a full C the next pass's C goes
+            // into it at once (the producer's k-tile loads never wait for the epilogue).
             const int c = warp_in_group - 1;
-            const unsigned my_staging = staging + c * 64 * BLOCK_N * 2;
-            int local = 0, tile_m, tile_n;
+            const unsigned my_staging = staging + c * 64 * EPILOGUE_N * 2;
+            int tile_m, tile_n;
             if (prefetch && first_tile < tiles) {
                 walk_tile(first_tile, tiles_m, tiles_n, tile_m, tile_n);
                 load_c(&map_c, M, N, tile_m * BLOCK_M + 64 * c, tile_n * BLOCK_N, my_staging,
                        c_full_bar + 8 * c);
             }
-            for (int tile = first_tile; tile < tiles; tile += tile_step, ++local) {
+            int pass = 0;
+            for (int tile = first_tile; tile < tiles; tile += tile_step) {
                 walk_tile(tile, tiles_m, tiles_n, tile_m, tile_n);
-                const int m0 = tile_m * BLOCK_M + 64 * c, n0 = tile_n * BLOCK_N;
-                mbar_wait(d_full_bar + 8 * c, (unsigned)local & 1);
-                const int boxes = boxes_inside(M, N, m0, n0);
-                for (int j = 0; j < boxes; ++j)
-                    tma_store_2d(&map_d, my_staging + j * BOX_BYTES, n0 + 64 * j, m0);
-                bulk_commit();
-                bulk_wait_read();
-                if (!prefetch) {
-                    mbar_arrive(staging_free_bar + 8 * c);
-                } else if (tile + tile_step < tiles) {
-                    walk_tile(tile + tile_step, tiles_m, tiles_n, tile_m, tile_n);
-                    load_c(&map_c, M, N, tile_m * BLOCK_M + 64 * c, tile_n * BLOCK_N,
-                           my_staging, c_full_bar + 8 * c);
+                const int m0 = tile_m * BLOCK_M + 64 * c;
+                for (int p = 0; p < PASSES; ++p, ++pass) {
+                    const int n0 = tile_n * BLOCK_N + p * EPILOGUE_N;
+                    mbar_wait(d_full_bar + 8 * c, (unsigned)pass & 1);
+                    const int boxes = boxes_inside(M, N, m0, n0);
+                    for (int j = 0; j < boxes; ++j)
+                        tma_store_2d(&map_d, my_staging + j * BOX_BYTES, n0 + 64 * j, m0);
+                    bulk_commit();
+                    bulk_wait_read();
+                    if (!prefetch) {
+                        mbar_arrive(staging_free_bar + 8 * c);
+                    } else if (p + 1 < PASSES) {
+                        load_c(&map_c, M, N, m0, n0 + EPILOGUE_N, my_staging, c_full_bar + 8 * c);
+                    } else if (tile + tile_step < tiles) {
+                        int next_m, next_n;
+                        walk_tile(tile + tile_step, tiles_m, tiles_n, next_m, next_n);
+                        load_c(&map_c, M, N, next_m * BLOCK_M + 64 * c, next_n * BLOCK_N,
+                               my_staging, c_full_bar + 8 * c);
+                    }
                 }
             }
             bulk_wait_all();  // the copies read shared memory, which lives as long as the CTA
@@ -387,7 +400,7 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
 #endif
     const int consumer = warpgroup - 1;  // rows 64 * consumer .. + 63 of each tile
     const int warp = warp_in_group;
-    const unsigned my_staging = staging + consumer * 64 * BLOCK_N * 2;
+    const unsigned my_staging = staging + consumer * 64 * EPILOGUE_N * 2;
     const bool pair_ok = (N & 1) == 0 && (reinterpret_cast<unsigned long long>(D) & 3) == 0;
     long long it = 0;
     int local = 0;
@@ -449,43 +462,50 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
             }
             continue;
         }
-        // The staging is free (the stores of the last tile have read it) and, with the
-        // prefetch, holds this tile's C.
-        if (prefetch) {
-            mbar_wait(c_full_bar + 8 * consumer, (unsigned)local & 1);
-            stage_tile<true>(acc, my_staging, warp, lane, relu);
-        } else {
-            if (local > 0) mbar_wait(staging_free_bar + 8 * consumer, (unsigned)(local + 1) & 1);
-            if (C == nullptr) {
-                stage_tile<false>(acc, my_staging, warp, lane, relu);
-            } else {  // a bias, or a C the TMA cannot copy: from global memory, bounds checked
+        // Pass by pass (EPILOGUE_N columns each) through the staging, which is free (the
+        // stores of the last pass have read it) and, with the prefetch, holds this pass's C.
 #pragma unroll
-                for (int r = 0; r < 2; ++r) {
-                    const int row = warp * 16 + lane / 4 + 8 * r;
-                    const int m = m0 + row;
-                    if (m >= M) continue;
+        for (int p = 0; p < PASSES; ++p) {
+            const int pass = local * PASSES + p;  // this warpgroup's passes so far
+            if (prefetch) {
+                mbar_wait(c_full_bar + 8 * consumer, (unsigned)pass & 1);
+            } else if (pass > 0) {
+                mbar_wait(staging_free_bar + 8 * consumer, (unsigned)(pass + 1) & 1);
+            }
 #pragma unroll
-                    for (int h = 0; h < N_SUB; ++h)
+            for (int sub = 0; sub < PASS_SUB; ++sub) {
+                const float(&half)[64] = acc[p * PASS_SUB + sub];
+                const unsigned half_at = my_staging + sub * 2 * BOX_BYTES;
+                if (prefetch) {
+                    stage_tile<true>(half, half_at, warp, lane, relu);
+                } else if (C == nullptr) {
+                    stage_tile<false>(half, half_at, warp, lane, relu);
+                } else {  // a bias, or a C the TMA cannot copy: from global memory, bounds checked
+#pragma unroll
+                    for (int r = 0; r < 2; ++r) {
+                        const int row = warp * 16 + lane / 4 + 8 * r;
+                        const int m = m0 + row;
+                        if (m >= M) continue;
 #pragma unroll
                         for (int j = 0; j < 16; ++j) {
-                            const int col = 128 * h + 8 * j + 2 * (lane % 4);
-                            const int n = n0 + col;
+                            const int col = 8 * j + 2 * (lane % 4);  // within the half
+                            const int n = n0 + 128 * (p * PASS_SUB + sub) + col;
                             if (n >= N) continue;  // N % 8 == 0 here: n + 1 < N as well
-                            const float v0 = gemm_epilogue(acc[h][4 * j + 2 * r], C, ldc, m, n,
-                                                           relu);
-                            const float v1 = gemm_epilogue(acc[h][4 * j + 2 * r + 1], C, ldc, m,
+                            const float v0 = gemm_epilogue(half[4 * j + 2 * r], C, ldc, m, n, relu);
+                            const float v1 = gemm_epilogue(half[4 * j + 2 * r + 1], C, ldc, m,
                                                            n + 1, relu);
                             asm volatile("st.shared.b32 [%0], %1;\n"
-                                         :: "r"(staging_at(my_staging, row, col)),
+                                         :: "r"(staging_at(half_at, row, col)),
                                             "r"(pack_pair(v0, v1)) : "memory");
                         }
+                    }
                 }
             }
+            // Every thread's writes reach the async proxy, then the storer may send them.
+            fence_proxy_async_shared();
+            warpgroup_barrier(1 + consumer);
+            if (threadIdx.x % 128 == 0) mbar_arrive(d_full_bar + 8 * consumer);
         }
-        // Every thread's writes reach the async proxy, then the storer may send them.
-        fence_proxy_async_shared();
-        warpgroup_barrier(1 + consumer);
-        if (threadIdx.x % 128 == 0) mbar_arrive(d_full_bar + 8 * consumer);
     }
 #if CLUSTER_M > 1
     // No CTA may leave while its peer can still arrive on its barriers.
