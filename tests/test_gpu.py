@@ -6,7 +6,7 @@ import torch
 from conftest import HAS_GPU, assert_matches_reference, random_inputs
 
 import backends
-from backends import gemm
+from backends import gemm, tuning
 from backends.cuda import pycuda_unavailable_reason, use_launcher
 from backends.cuda.resources import resources
 from backends.registry import CUDA_KERNELS
@@ -47,24 +47,44 @@ def test_torch_compile_on_odd_shapes(dtype, m, n, k, c_kind, rng):
     (4104, True, True), (4104, False, True), (4100, True, True), (4104, True, False)],
     ids=["bulk-store", "misaligned-out", "n-not-multiple-of-8", "misaligned-c"])
 @pytest.mark.parametrize("c_kind", ["full", "bias"])
+@pytest.mark.parametrize("stages", [None, 4], ids=["one-pass-staging", "two-pass-staging"])
 def test_persistent_wgmma_loops_over_more_tiles_than_sms(backend, dtype, n, aligned_out,
-                                                          aligned_c, c_kind, rng):
+                                                          aligned_c, c_kind, stages, rng,
+                                                          tmp_path, monkeypatch):
     """17 x 17 = 289 tiles on at most 132 CTAs, so each loops over several, with a ragged
     M and K edge: D leaves through the staging tile and TMA stores (N % 8 == 0, 16-byte
     aligned D) or, when it cannot, by stores from registers (an ``out`` one element into its
     buffer; N = 4100); a full C is prefetched by the TMA, or read from global memory when it
     starts 2 bytes off (and a bias always). With 2-CTA clusters the 17 tile rows leave the
-    last cluster tiles a second CTA past M."""
+    last cluster tiles a second CTA past M. With 4 stages (a tuned entry for the shape's
+    bucket) the staging tile holds half a tile row, stored in two passes per tile."""
     m, k = 2050, 200
+    if stages is not None:
+        kernel = CUDA_KERNELS[backend]
+        config = {**kernel.params, "STAGES": stages}
+        shape = [m, n, k]
+        path = tmp_path / "tuned.json"
+        tuning.save([{"gpu": tuning.device_name(torch.device("cuda")), "backend": backend,
+                      "dtype": tuning.dtype_name(dtype), "bucket": list(tuning.bucket(*shape)),
+                      "config": config, "tflops": 1.0, "ms": 1.0, "default_tflops": 1.0,
+                      "shape": shape, "date": "2026-11-24T00:00:00+00:00",
+                      "git_commit": "test"}], path)
+        monkeypatch.setenv(tuning.ENV_VAR, str(path))
+        tuning.reload()
     a, b, c = random_inputs(m, n, k, dtype, "cuda", c_kind, rng)
     if not aligned_c:
         c = torch.cat([c.new_zeros(1), c.reshape(-1)])[1:].view(c.shape)
     buffer = torch.full((m * n + 1,), float("nan"), dtype=dtype, device="cuda")
     out = (buffer[:m * n] if aligned_out else buffer[1:]).view(m, n)
-    for activation in (None, "relu"):
-        out.fill_(float("nan"))
-        gemm(a, b, c, activation=activation, backend=backend, out=out)
-        assert_matches_reference(out, a, b, c, activation)
+    try:
+        for activation in (None, "relu"):
+            out.fill_(float("nan"))
+            gemm(a, b, c, activation=activation, backend=backend, out=out)
+            assert_matches_reference(out, a, b, c, activation)
+            if stages is not None:
+                assert f"-DSTAGES={stages}" in backends.BACKENDS[backend].config()
+    finally:
+        tuning.reload()  # the next test reads its own table
 
 
 @pytest.mark.parametrize("backend", ["cuda_mma", "cuda_wgmma", "cuda_wgmma_persistent",

@@ -56,9 +56,6 @@
 #ifndef STAGES
 #define STAGES 3
 #endif
-#ifndef EPILOGUE_N
-#define EPILOGUE_N BLOCK_N  // columns of D a consumer warpgroup stages per pass (the store subtile)
-#endif
 #ifndef GROUP_M
 #define GROUP_M 8
 #endif
@@ -80,17 +77,32 @@
 #define PRODUCER_REGS 48
 #define CONSUMER_REGS 224
 #define N_SUB (BLOCK_N / 128)  // 128-column halves of a consumer's accumulator
-#define PASS_SUB (EPILOGUE_N / 128)  // of them per epilogue pass
-#define PASSES (BLOCK_N / EPILOGUE_N)  // epilogue passes per tile, through one staging buffer
 #define A_STAGE_BYTES (BLOCK_M * BLOCK_K * 2)
 #define B_BOX_BYTES (BLOCK_K * 64 * 2)  // BLOCK_K rows x 64 columns of B
 #define STAGE_BYTES (A_STAGE_BYTES + BLOCK_N * BLOCK_K * 2)
 #define BOX_BYTES (64 * 128)  // a 64 x 64 box of D or C in the staging tile, 128B-swizzled
+// Stages (1024-aligned for the swizzle), the staging tile of EPILOGUE_N columns per consumer
+// warpgroup (its boxes 1024-aligned too), then a full and an empty mbarrier per stage and
+// three per consumer warpgroup; + 1024 to align the dynamic shared memory's base.
+#define SMEM_BYTES_FOR(epilogue_n) \
+    (STAGES * STAGE_BYTES + BLOCK_M * (epilogue_n) * 2 + 1024 + (2 * STAGES + 3 * CONSUMERS) * 8)
+// EPILOGUE_N: the columns of D a consumer warpgroup stages per epilogue pass. Its whole
+// 64 x BLOCK_N when that fits beside the stages (one pass); else 64 x 128 in two passes, the
+// second waiting until the TMA has read the first (and, with C, loaded the second's C): 128 x
+// 256 tiles fit 4 stages that way instead of 3. Measured on the H200 (bf16/fp16, A/B in one
+// process, bench/results/h200-wgmma-epilogue-passes/): 4 stages and two passes run 8192^3 2-3
+// points of cuBLAS faster, short K 6-11 points slower; `gemmlab tune` picks STAGES per shape.
+#ifndef EPILOGUE_N
+#if SMEM_BYTES_FOR(BLOCK_N) <= 227 * 1024
+#define EPILOGUE_N BLOCK_N
+#else
+#define EPILOGUE_N 128
+#endif
+#endif
+#define PASS_SUB (EPILOGUE_N / 128)  // 128-column halves of the accumulator per pass
+#define PASSES (BLOCK_N / EPILOGUE_N)  // epilogue passes per tile, through one staging buffer
 #define STAGING_BYTES (BLOCK_M * EPILOGUE_N * 2)
-// Stages (1024-aligned for the swizzle), the staging tile (its boxes 1024-aligned too), then
-// a full and an empty mbarrier per stage and three per consumer warpgroup; + 1024 to align
-// the dynamic shared memory's base.
-#define SMEM_BYTES (STAGES * STAGE_BYTES + STAGING_BYTES + 1024 + (2 * STAGES + 3 * CONSUMERS) * 8)
+#define SMEM_BYTES SMEM_BYTES_FOR(EPILOGUE_N)
 
 static_assert(BLOCK_K == 64, "a k-tile is one 128-byte swizzle span of 16-bit elements");
 static_assert(BLOCK_M == 64 || BLOCK_M == 128, "one or two consumer warpgroups of 64 rows");
