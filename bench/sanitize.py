@@ -8,7 +8,10 @@ against the float64 reference: the program to run under NVIDIA's compute-sanitiz
 
 ``--kernel-name kns=gemm_`` instruments only the ladder's kernels (their names start with
 ``gemm_``), not PyTorch's. The default shape, 1000 x 1999 x 777, is a multiple of no tile
-size and of no vector width, so every edge path runs. Exit status 1 when a result is wrong.
+size and of no vector width, so every edge path runs. Each line names the build that ran (the
+backend's ``config()``: its tile sizes, and the tuned entry that chose them, if one did;
+``GEMMLAB_TUNED_FILE`` points ``gemm()`` at another table). Exit status 1 when a result is
+wrong.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
             ok = err <= spec.tolerance
             wrong += not ok
             print(f"{name:16s} {spec.name:5s} {m}x{n}x{k}  rel err {err:.1e}  "
-                  f"{'PASS' if ok else 'FAIL'}", flush=True)
+                  f"{'PASS' if ok else 'FAIL'}  ({backends.BACKENDS[name].config()})", flush=True)
     return 1 if wrong else 0
 
 
