@@ -90,8 +90,9 @@
 // 64 x BLOCK_N when that fits beside the stages (one pass); else 64 x 128 in two passes, the
 // second waiting until the TMA has read the first (and, with C, loaded the second's C): 128 x
 // 256 tiles fit 4 stages that way instead of 3. Measured on the H200 (bf16/fp16, A/B in one
-// process, bench/results/h200-wgmma-epilogue-passes/): 4 stages and two passes run 8192^3 2-3
-// points of cuBLAS faster, short K 6-11 points slower; `gemmlab tune` picks STAGES per shape.
+// process, bench/results/h200-wgmma-epilogue-passes/): 4 stages and two passes run 8192^3 1-3
+// points of cuBLAS faster, short K up to 11 points slower; `gemmlab tune` picks STAGES per
+// shape.
 #ifndef EPILOGUE_N
 #if SMEM_BYTES_FOR(BLOCK_N) <= 227 * 1024
 #define EPILOGUE_N BLOCK_N
