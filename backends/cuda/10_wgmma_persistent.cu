@@ -24,9 +24,11 @@
 // together they brought short K to 88-96% and the square shapes to 92-96%. The epilogue
 // then moved its pairs by ldmatrix/stmatrix (stage_tile): with ReLU(A @ B + C), short K at
 // 100-105% of the best cuBLAS (bench/results/h200-wgmma-stmatrix/).
-// What it still lacks (cuBLAS's sm90 kernels have it): the epilogue's own math still runs
-// with the tensor cores idle; two consumer warpgroups taking turns on different tiles
-// (CUTLASS's "ping-pong") would hide it. Clusters with TMA multicast are step 11
+// What it still lacks (cuBLAS's sm90 kernels have it): the epilogue still runs with the
+// tensor cores idle (with 4 stages 1.8-3.7% of the time at 8192^3, 3.4-7.3% at 4096^3, while
+// the mainloop keeps the tensor cores at their peak per cycle: clock64 stamps in
+// bench/results/h200-wgmma-epilogue-passes/probes/); two consumer warpgroups taking turns on
+// different tiles (CUTLASS's "ping-pong") would hide it. Clusters with TMA multicast are step 11
 // (11_wgmma_cluster.cu), this file built with CLUSTER_M = 2: the `CLUSTER_M > 1` branches.
 // The tensor maps of D and C are kernel parameters (__grid_constant__): a CUDA graph that
 // captures a call with a fresh D keeps that D's map. A map needs a 16-byte aligned base and
@@ -206,9 +208,9 @@ __device__ __forceinline__ unsigned staging_at(unsigned my_staging, int row, int
 // warpgroup's fragment (`half`: its first box in the staging tile). Pairs past M or N are
 // written too; the TMA stores only what lies inside D. The fragment's pairs are 8 x 8
 // matrices of the staging tile (rows 8 r .. 8 r + 7 of the warp's 16, columns 8 j .. 8 j + 7
-// of the half), so a warp moves four of them per ldmatrix_x4 /
-// stmatrix_x4: 16 instructions each per thread for 64 pairs, where one 32-bit ld/st.shared per
-// pair took 64, the loads of C serialized behind each pair's store (asm volatile). The C
+// of the half), so a warp moves four of them per ldmatrix_x4 / stmatrix_x4: 8 instructions
+// each per thread for a half's 32 pairs, where one 32-bit ld/st.shared per pair took 32, the
+// loads of C serialized behind each pair's store (asm volatile). The C
 // loads of a batch of four are issued before any of its math. ReLU is a compare and select
 // (NaN stays NaN). This runs once per tile with the tensor cores waiting, so its length is
 // the cost: the general form (bounds checks and a branch per pair) took ~9000 cycles per tile
