@@ -184,19 +184,6 @@ __device__ __forceinline__ void load_c(const void* map_c, int M, int N, int m0, 
         tma_load_2d(my_staging + j * BOX_BYTES, map_c, bar, n0 + 64 * j, m0);
 }
 
-// With two passes, the second pass's C can be loaded only once the first pass's stores have
-// read the staging: have the TMA bring it into L2 when the first pass's C is loaded, so that
-// the later load waits for L2 instead of DRAM. No code with one pass.
-__device__ __forceinline__ void prefetch_later_c(const void* map_c, int M, int N, int m0,
-                                                 int n0) {
-#pragma unroll
-    for (int p = 1; p < PASSES; ++p) {
-        const int boxes = boxes_inside(M, N, m0, n0 + p * EPILOGUE_N);
-        for (int j = 0; j < boxes; ++j)
-            tma_prefetch_2d(map_c, n0 + p * EPILOGUE_N + 64 * j, m0);
-    }
-}
-
 // A stage is free again for this consumer warpgroup: tell every CTA that loads into it (with
 // clusters, the peer's multicast half of B lands in it too).
 __device__ __forceinline__ void release_stage(unsigned empty) {
@@ -388,7 +375,6 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
                 walk_tile(first_tile, tiles_m, tiles_n, tile_m, tile_n);
                 load_c(&map_c, M, N, tile_m * BLOCK_M + 64 * c, tile_n * BLOCK_N, my_staging,
                        c_full_bar + 8 * c);
-                prefetch_later_c(&map_c, M, N, tile_m * BLOCK_M + 64 * c, tile_n * BLOCK_N);
             }
             int pass = 0;
             for (int tile = first_tile; tile < tiles; tile += tile_step) {
@@ -411,8 +397,6 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
                         walk_tile(tile + tile_step, tiles_m, tiles_n, next_m, next_n);
                         load_c(&map_c, M, N, next_m * BLOCK_M + 64 * c, next_n * BLOCK_N,
                                my_staging, c_full_bar + 8 * c);
-                        prefetch_later_c(&map_c, M, N, next_m * BLOCK_M + 64 * c,
-                                         next_n * BLOCK_N);
                     }
                 }
             }

@@ -70,13 +70,6 @@ __device__ __forceinline__ void tma_load_2d(unsigned dst, const void* map, unsig
                  " [%0], [%1, {%2, %3}], [%4];\n"
                  :: "r"(dst), "l"(map), "r"(x), "r"(y), "r"(bar) : "memory");
 }
-// Have the TMA bring box (x, y) of the map's matrix into L2, ahead of a tma_load_2d of it
-// (PTX ISA "cp.async.bulk.prefetch.tensor"): nothing is written to shared memory and nothing
-// waits for it.
-__device__ __forceinline__ void tma_prefetch_2d(const void* map, int x, int y) {
-    asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];\n"
-                 :: "l"(map), "r"(x), "r"(y) : "memory");
-}
 // tma_load_2d into every CTA of the cluster whose bit is set in `ctas`, at the same offset
 // dst in each one's shared memory, counting down each one's barrier at offset bar.
 __device__ __forceinline__ void tma_load_2d_multicast(unsigned dst, const void* map,
