@@ -171,7 +171,8 @@ _CUDA_RUNGS: tuple[tuple[str, str, CudaKernel], ...] = (
                  "THREADS": 384},
                 dtypes=(torch.float16, torch.bfloat16), tma=True, persistent=True,
                 epilogue_maps=True,
-                # The staging tile takes BLOCK_M x BLOCK_N of the shared memory: fewer stages.
+                # The staging tile shares the shared memory with the stages: with 4 stages of
+                # 128 x 256 it holds half a tile row (EPILOGUE_N, derived in the .cu).
                 space=CudaSpace({"BLOCK_M": (64, 128), "BLOCK_N": (128, 256), "BLOCK_K": (64,),
                                  "STAGES": (2, 3, 4, 5), "GROUP_M": (8, 16)},
                                 lambda p: {"THREADS": 128 * (1 + p["BLOCK_M"] // 64)}))),
