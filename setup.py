@@ -11,7 +11,8 @@ setup(
     license="MIT",
     python_requires=">=3.10",
     packages=["backends", "backends.cuda", "bench", "profiling", "tp", "tp.comm"],
-    package_data={"backends": ["tuned.json"], "backends.cuda": ["*.cu", "*.cuh"]},
+    package_data={"backends": ["tuned.json"], "backends.cuda": ["*.cu", "*.cuh"],
+                  "tp.comm": ["*.cu"]},
     install_requires=[
         "torch>=2.9",  # torch.backends.cuda.matmul.fp32_precision
         "triton>=3.4",  # TensorDescriptor, triton.knobs

@@ -392,6 +392,22 @@ def _toolkit_includes() -> tuple[str, ...]:
     return tuple(f"-I{d}" for d in dict.fromkeys(dirs) if d.is_dir())
 
 
+def raw_module(code: str, device: int, defines: tuple[str, ...] = (), arch_suffix: str = ""):
+    """``code`` (CUDA C++) compiled by NVRTC into a ``cupy.RawModule`` for CUDA device
+    ``device``'s architecture (plus ``arch_suffix``, e.g. ``"a"`` for sm_90a), with the ladder's
+    options and the toolkit headers (cuda_fp16.h, cuda_bf16.h, mma.h). CuPy caches the
+    binary on disk, so a second process skips NVRTC.
+
+    Raises:
+        cupy.cuda.compiler.CompileException: the code does not compile (NVRTC's log)."""
+    import cupy
+
+    major, minor = torch.cuda.get_device_capability(device)
+    options = compile_options(f"sm_{major}{minor}{arch_suffix}", defines) + _toolkit_includes()
+    with cupy.cuda.Device(device):
+        return cupy.RawModule(code=code, options=options)
+
+
 @functools.cache
 def _compiled(source: str, name: str, defines: tuple[str, ...], device: int, arch_suffix: str):
     """Compile once per (source, tile sizes, dtype, device) for the device's own architecture
@@ -400,11 +416,8 @@ def _compiled(source: str, name: str, defines: tuple[str, ...], device: int, arc
     bytes."""
     import cupy
 
-    major, minor = torch.cuda.get_device_capability(device)
-    code = (SOURCE_DIR / source).read_text()
-    options = compile_options(f"sm_{major}{minor}{arch_suffix}", defines) + _toolkit_includes()
+    module = raw_module((SOURCE_DIR / source).read_text(), device, defines, arch_suffix)
     with cupy.cuda.Device(device):
-        module = cupy.RawModule(code=code, options=options)
         function = module.get_function(name)
         smem = 0
         if declares_dynamic_smem(source):

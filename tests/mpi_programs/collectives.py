@@ -176,6 +176,43 @@ def check_same_bits(one_shot, two_shot, world, device, p, r):
     return checks
 
 
+def check_one_shot_kernel(world, device, p, r):
+    """GPU only: all_reduce forced one-shot on the default heap runs the one-shot kernel for
+    fp32, fp16 and bf16 (every call counted) and the host-issued path for the other dtypes;
+    16-byte loads and, with operands one element off, element by element; more 16-byte packs
+    than the grid has threads (its grid-stride loop) with a tail; into a poisoned out and in
+    place. Returns (checks, kernel calls)."""
+    comm = SymmCommunicator(world, open_heap(world, device), 1 << 62)
+    kernel, launched = comm.heap.one_shot_all_reduce, {True: 0, False: 0}
+
+    def counted(src, dst):
+        ran = kernel(src, dst)
+        launched[ran] += 1
+        return ran
+
+    comm.heap.one_shot_all_reduce = counted
+    checks = 0
+    for dtype in COMM_DTYPES:
+        fused = dtype in (torch.float32, torch.float16, torch.bfloat16)
+        for count, offset in ((1, 0), (1001, 1), ((1 << 20) + 3, 0), ((1 << 20) + 3, 1)):
+            full, _ = rank_input(r, (count + 1,), dtype, device, 6)
+            want = sum(rank_input(q, (count + 1,), dtype, "cpu", 6)[1]
+                       for q in range(p))[offset:offset + count]
+            before = dict(launched)
+            out = torch.full((count + 1,), -99, dtype=dtype, device=device)[offset:][:count]
+            expect(f"one-shot {dtype} count={count} offset={offset} out",
+                   comm.all_reduce(full[offset:offset + count], out=out), want)
+            x = full[offset:offset + count]
+            comm.all_reduce(x)  # in place
+            expect(f"one-shot {dtype} count={count} offset={offset} in place", x, want)
+            if launched[fused] - before[fused] != 2 or launched[not fused] != before[not fused]:
+                raise AssertionError(f"{dtype}: expected the {'kernel' if fused else 'host'} "
+                                     f"path for both calls; got {launched} after {before}")
+            checks += 2
+    comm.close()
+    return checks, launched[True]
+
+
 def check_symm(world, device, label):
     """The symm-only checks above; rank 0 prints one line for each."""
     p, r = world.Get_size(), world.Get_rank()
@@ -214,6 +251,9 @@ def check_symm(world, device, label):
         raise AssertionError(f"expected both all-reduce paths; got {paths}")
     report(f"above its {comm.heap.capacity}-byte capacity", checks, paths)
     comm.close()
+    if device.type == "cuda":
+        checks, launches = check_one_shot_kernel(world, device, p, r)
+        report(f"one-shot kernel ({world.allreduce(launches)} launches)", checks)
 
 
 def main():

@@ -17,6 +17,9 @@ from peers' buffers (pull model) and the ranks synchronise only with the heap's 
   These are the one-shot and two-shot all-reduces of PyTorch's
   SymmetricMemory (``torch/csrc/distributed/c10d/symm_mem/CUDASymmetricMemoryOps.cu``) and
   vLLM's custom all-reduce (``csrc/custom_all_reduce.cuh``, its 1-stage and 2-stage kernels).
+  On GPUs, one-shot in fp32, fp16 and bf16 is one kernel per piece
+  (``IpcHeap.one_shot_all_reduce``, ``symm_all_reduce.cu``: the copy, both barriers and the
+  sum), so its host cost is one launch; the other paths issue several operations per piece.
 - all_to_all: each rank copies its whole input into its own buffer; barrier; rank r copies
   block r of peer q's buffer into its block q; barrier.
 - broadcast: the root copies its tensor into its buffer; barrier; the others copy it;
@@ -164,6 +167,9 @@ class SymmCommunicator(Communicator):
             self._two_shot(src, dst)
 
     def _one_shot(self, src, dst):
+        one_shot_kernel = getattr(self.heap, "one_shot_all_reduce", None)
+        if one_shot_kernel is not None and one_shot_kernel(src, dst):
+            return
         n, dt, r = src.numel(), src.dtype, self.rank
         step = self._piece(dt)
         for a, b in _pieces(n, step):

@@ -22,8 +22,12 @@ Both need every rank of the communicator on one node (shared memory, CUDA IPC).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import torch
+
+from backends.cuda import KernelArgs
 
 CAPACITY = 8 << 20  # bytes per rank: larger messages go in pieces, so this bounds memory only
 _ALIGN = 64  # every view starts 64-byte aligned (a cache line; any dtype's alignment)
@@ -153,12 +157,28 @@ extern "C" __global__ void signal_and_wait(const unsigned long long* headers, in
 """
 
 
+# The one-shot all-reduce kernel (``symm_all_reduce.cu``): its launch shape and the flag
+# area it keeps in every rank's header (flags[block][rank], then two counters), in bytes.
+ONE_SHOT_MAX_BLOCKS, ONE_SHOT_MAX_RANKS, ONE_SHOT_THREADS = 64, 8, 512
+_ONE_SHOT_DEFINES = (f"-DSYMM_MAX_RANKS={ONE_SHOT_MAX_RANKS}",
+                     f"-DSYMM_THREADS={ONE_SHOT_THREADS}")
+_ONE_SHOT_FLAG_BYTES = 4 * ONE_SHOT_MAX_BLOCKS * ONE_SHOT_MAX_RANKS
+_ONE_SHOT_AREA = -(-(_ONE_SHOT_FLAG_BYTES + 8) // 256) * 256
+_ONE_SHOT_SOURCE = Path(__file__).with_name("symm_all_reduce.cu")
+# dtype -> (its name in the kernels' names, elements per 16-byte load)
+_ONE_SHOT_DTYPES = {torch.float32: ("fp32", 4), torch.float16: ("fp16", 8),
+                    torch.bfloat16: ("bf16", 8)}
+_ONE_SHOT_KERNELS = [(name, width) for name, vec in _ONE_SHOT_DTYPES.values()
+                     for width in (vec, 1)]
+
+
 class IpcHeap:
     """GPU memory of every rank mapped into every rank through CUDA IPC (one node).
 
-    Each rank ``cudaMalloc``s a header of int32 flags (one per rank) followed by its
-    ``capacity`` bytes: a buffer of its own allocation, so its IPC handle starts at the
-    buffer (a pointer inside torch's caching allocator would export the whole block). The
+    Each rank ``cudaMalloc``s a header of flags (the barrier's, one int32 per rank; the
+    one-shot kernel's, per block and rank) followed by its ``capacity`` bytes: a buffer of
+    its own allocation, so its IPC handle starts at the buffer (a pointer inside torch's
+    caching allocator would export the whole block). The
     handles (``cudaIpcGetMemHandle``) are exchanged with ``allgather`` and opened with
     ``cudaIpcOpenMemHandle`` (peer access enabled lazily; a process cannot open its own
     handle, so its own buffer is used directly). Every pointer is wrapped through DLPack as a
@@ -192,8 +212,10 @@ class IpcHeap:
         self.comm = _same_node(comm, "symm on GPU")
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self.capacity, self.device = capacity, device
-        # int32 flags, one per rank, then this rank's barrier count; padded to 256 bytes
-        self._header = -(-4 * (self.size + 1) // 256) * 256
+        # The header: the barrier's int32 flags, one per rank, then this rank's barrier
+        # count, padded to 256 bytes; then the one-shot kernel's flag area (``_one_shot``).
+        self._barrier_bytes = -(-4 * (self.size + 1) // 256) * 256
+        self._header = self._barrier_bytes + _ONE_SHOT_AREA
         nbytes = self._header + capacity
         runtime = cupy.cuda.runtime
         self._opened: list[int] = []
@@ -212,6 +234,15 @@ class IpcHeap:
             self._headers = cupy.asarray(np.array(bases, dtype=np.uint64))
             self._kernel = cupy.RawKernel(_SIGNAL_AND_WAIT, "signal_and_wait")
             self._peers = [self._wrap(base + self._header, capacity) for base in bases]
+            # The one-shot kernel's tables: every rank's buffer and flag area.
+            self._data = cupy.asarray(np.array([b + self._header for b in bases], np.uint64))
+            self._flags = cupy.asarray(np.array([b + self._barrier_bytes for b in bases],
+                                                np.uint64))
+        counters = self._own + self._barrier_bytes + _ONE_SHOT_FLAG_BYTES
+        # cuLaunchKernel's parameters, built once: a launch rewrites src, dst and n only.
+        self._one_shot_args = KernelArgs([self._data.data.ptr, self._flags.data.ptr, counters,
+                                          0, 0, 0, self.rank, self.size])
+        self._one_shot_functions: dict[tuple[str, int], int] = {}
         self._last = torch.cuda.Event()  # end of the previous operation (see ``begin``)
         self._last_captured = False  # whether it was recorded in a CUDA graph capture
         self.comm.Barrier()  # nobody signals before every rank has opened every buffer
@@ -247,6 +278,51 @@ class IpcHeap:
         """End of an operation on the current stream (what the next ``begin`` waits for)."""
         self._last_captured = torch.cuda.is_current_stream_capturing()
         self._last.record(torch.cuda.current_stream(self.device))
+
+    def one_shot_all_reduce(self, src: torch.Tensor, dst: torch.Tensor) -> bool:
+        """``dst`` = the sum over the ranks of ``src`` (flat, contiguous, on this heap's
+        device; ``dst`` may be ``src``), each piece of at most ``capacity`` bytes by one
+        launch of ``symm_all_reduce.cu``'s one-shot kernel on the current stream (copy in,
+        barrier, sum in rank order, fp16/bf16 in fp32 rounded once, barrier).
+
+        Returns False, having done nothing, when the kernel does not apply: a dtype other
+        than fp32, fp16 or bf16, or more than ``ONE_SHOT_MAX_RANKS`` ranks. Collective, in
+        the same order on every rank; not for concurrent calls from several threads (the
+        launch parameters are shared)."""
+        kind = _ONE_SHOT_DTYPES.get(src.dtype)
+        if kind is None or self.size > ONE_SHOT_MAX_RANKS:
+            return False
+        name, vec = kind
+        device = self.device.index
+        if torch._C._cuda_getDevice() != device:
+            with torch.cuda.device(device):
+                return self.one_shot_all_reduce(src, dst)
+        from cupy.cuda import driver
+
+        step, n = self.capacity // src.element_size(), src.numel()
+        stream, slots = torch._C._cuda_getCurrentRawStream(device), self._one_shot_args.slots
+        for a in range(0, n, step):
+            s, d, count = src[a:a + step], dst[a:a + step], min(step, n - a)
+            width = vec if (s.data_ptr() | d.data_ptr()) % 16 == 0 else 1
+            function = self._one_shot_functions.get((name, width))
+            if function is None:
+                function = self._one_shot_function(name, width)
+            blocks = max(1, min(ONE_SHOT_MAX_BLOCKS, -(-count // width // ONE_SHOT_THREADS)))
+            slots[3], slots[4], slots[5] = s.data_ptr(), d.data_ptr(), count
+            driver.launchKernel(function, blocks, 1, 1, ONE_SHOT_THREADS, 1, 1, 0, stream,
+                                self._one_shot_args.address, 0)
+        return True
+
+    def _one_shot_function(self, name: str, width: int) -> int:
+        """The CUfunction of the one-shot kernel for dtype ``name`` and ``width`` elements
+        per load (compiled by NVRTC at the first call of the process)."""
+        from backends.cuda import raw_module
+
+        module = raw_module(_ONE_SHOT_SOURCE.read_text(), self.device.index, _ONE_SHOT_DEFINES)
+        for key in _ONE_SHOT_KERNELS:
+            kernel = module.get_function(f"symm_one_shot_{key[0]}_v{key[1]}")
+            self._one_shot_functions[key] = kernel.kernel.ptr
+        return self._one_shot_functions[(name, width)]
 
     def barrier(self) -> None:
         import cupy
