@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from backends.dtypes import name_of
+from tp.comm.base import raw_stream
 from tp.comm.nccl_backend import NCCL_SUM, nccl_code
 
 from .timing import seconds_per_call
@@ -107,20 +108,20 @@ class DirectNccl:
 
     def all_reduce(self, x, out):
         self.nccl.allReduce(x.data_ptr(), out.data_ptr(), x.numel(), nccl_code(x.dtype),
-                            NCCL_SUM, torch.cuda.current_stream().cuda_stream)
+                            NCCL_SUM, raw_stream())
 
     def all_gather(self, x, out):
         self.nccl.allGather(x.data_ptr(), out.data_ptr(), x.numel(), nccl_code(x.dtype),
-                            torch.cuda.current_stream().cuda_stream)
+                            raw_stream())
 
     def reduce_scatter(self, x, out):
         self.nccl.reduceScatter(x.data_ptr(), out.data_ptr(), out.numel(),
                                 nccl_code(x.dtype), NCCL_SUM,
-                                torch.cuda.current_stream().cuda_stream)
+                                raw_stream())
 
     def broadcast(self, buf, root):
         self.nccl.broadcast(buf.data_ptr(), buf.data_ptr(), buf.numel(), nccl_code(buf.dtype),
-                            root, torch.cuda.current_stream().cuda_stream)
+                            root, raw_stream())
 
     def close(self):
         self.nccl.destroy()

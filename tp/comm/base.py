@@ -59,6 +59,15 @@ _HEADER_TAG = 9
 _SIGN_BITS = (1 << 62) - 1  # a non-negative int64 whose negation is one too
 
 
+def raw_stream(device: int | None = None) -> int:
+    """torch's current ``cudaStream_t`` on CUDA device ``device`` (default: the current
+    device) as an int, for CUDA and NCCL calls; builds no ``torch.cuda.Stream`` (which costs
+    microseconds of host time)."""
+    if device is None:
+        device = torch._C._cuda_getDevice()
+    return torch._C._cuda_getCurrentRawStream(device)
+
+
 class Work:
     """Handle of an asynchronous operation; ``wait()`` returns its result tensor."""
 
@@ -333,16 +342,24 @@ class Communicator(ABC):
                          collective):
         if stream is not None and not src.is_cuda:
             raise ValueError("stream= applies to CUDA tensors only")
-        if src.is_cuda:
+        # A synchronous stream-ordered call without stream=, on the current device, runs on
+        # the current stream as it is: torch's Stream objects and stream context cost
+        # microseconds of host time.
+        on_current = (self.stream_ordered and stream is None and not async_op
+                      and src.get_device() == torch._C._cuda_getDevice())
+        if src.is_cuda and not on_current:
             current = torch.cuda.current_stream(src.device)
             stream = current if stream is None else stream
             if stream != current:
                 stream.wait_stream(current)  # the inputs were produced on the current stream
                 for t in (src, dst):
                     t.record_stream(stream)  # the allocator must not reuse them meanwhile
-        flat_src, flat_dst = src.view(-1), dst.view(-1)
+        flat_src = src if src.dim() == 1 else src.view(-1)
+        flat_dst = dst if dst.dim() == 1 else dst.view(-1)
         future = None
-        if self.stream_ordered:
+        if on_current:
+            op(flat_src, flat_dst)
+        elif self.stream_ordered:
             with torch.cuda.stream(stream):
                 op(flat_src, flat_dst)
         else:
@@ -364,6 +381,8 @@ class Communicator(ABC):
         def wait() -> torch.Tensor:
             if future is not None:
                 future.result()
+            if on_current:
+                return dst
             if dst.is_cuda and stream != torch.cuda.current_stream(dst.device):
                 torch.cuda.current_stream(dst.device).wait_stream(stream)
             return dst

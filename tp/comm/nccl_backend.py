@@ -14,7 +14,7 @@ import torch
 
 from backends.dtypes import DTYPES
 
-from .base import Communicator
+from .base import Communicator, raw_stream
 
 NCCL_SUM = 0  # ncclRedOp_t's ncclSum in nccl.h (the ncclDataType_t values: backends.dtypes)
 # torch dtype -> ncclDataType_t, every dtype that has one.
@@ -61,10 +61,6 @@ def create_nccl_comm(comm, device: torch.device):
         return nccl.NcclCommunicator(size, unique_id, rank)
 
 
-def _stream() -> int:
-    return torch.cuda.current_stream().cuda_stream
-
-
 class NcclCommunicator(Communicator):
     """NCCL collectives on the ranks of mpi4py ``comm``, one GPU per rank."""
 
@@ -80,15 +76,15 @@ class NcclCommunicator(Communicator):
 
     def _all_reduce(self, src, dst):
         self.comm.allReduce(src.data_ptr(), dst.data_ptr(), src.numel(),
-                            nccl_code(src.dtype), NCCL_SUM, _stream())
+                            nccl_code(src.dtype), NCCL_SUM, raw_stream())
 
     def _all_gather(self, src, dst):
         self.comm.allGather(src.data_ptr(), dst.data_ptr(), src.numel(),
-                            nccl_code(src.dtype), _stream())
+                            nccl_code(src.dtype), raw_stream())
 
     def _reduce_scatter(self, src, dst):
         self.comm.reduceScatter(src.data_ptr(), dst.data_ptr(), dst.numel(),
-                                nccl_code(src.dtype), NCCL_SUM, _stream())
+                                nccl_code(src.dtype), NCCL_SUM, raw_stream())
 
     def _all_to_all(self, src, dst):
         from cupy.cuda import nccl
@@ -97,16 +93,16 @@ class NcclCommunicator(Communicator):
         dtype, step = nccl_code(src.dtype), n * src.element_size()
         nccl.groupStart()
         for peer in range(self.size):
-            self.comm.send(src.data_ptr() + peer * step, n, dtype, peer, _stream())
-            self.comm.recv(dst.data_ptr() + peer * step, n, dtype, peer, _stream())
+            self.comm.send(src.data_ptr() + peer * step, n, dtype, peer, raw_stream())
+            self.comm.recv(dst.data_ptr() + peer * step, n, dtype, peer, raw_stream())
         nccl.groupEnd()
 
     def _broadcast(self, buf, root):
         self.comm.broadcast(buf.data_ptr(), buf.data_ptr(), buf.numel(),
-                            nccl_code(buf.dtype), root, _stream())
+                            nccl_code(buf.dtype), root, raw_stream())
 
     def _send(self, buf, dst):
-        self.comm.send(buf.data_ptr(), buf.numel(), nccl_code(buf.dtype), dst, _stream())
+        self.comm.send(buf.data_ptr(), buf.numel(), nccl_code(buf.dtype), dst, raw_stream())
 
     def _recv(self, buf, src):
-        self.comm.recv(buf.data_ptr(), buf.numel(), nccl_code(buf.dtype), src, _stream())
+        self.comm.recv(buf.data_ptr(), buf.numel(), nccl_code(buf.dtype), src, raw_stream())

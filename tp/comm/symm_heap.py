@@ -29,6 +29,8 @@ import torch
 
 from backends.cuda import KernelArgs
 
+from .base import raw_stream
+
 CAPACITY = 8 << 20  # bytes per rank: larger messages go in pieces, so this bounds memory only
 _ALIGN = 64  # every view starts 64-byte aligned (a cache line; any dtype's alignment)
 
@@ -243,7 +245,12 @@ class IpcHeap:
         self._one_shot_args = KernelArgs([self._data.data.ptr, self._flags.data.ptr, counters,
                                           0, 0, 0, self.rank, self.size])
         self._one_shot_functions: dict[tuple[str, int], int] = {}
-        self._last = torch.cuda.Event()  # end of the previous operation (see ``begin``)
+        self._barrier_args = KernelArgs([self._headers.data.ptr, self.rank, self.size])
+        with cupy.cuda.Device(device.index):
+            self._barrier_function = self._kernel.kernel.ptr  # compiled here, once
+            # The end of the previous operation (see ``begin``); raw handles, because torch's
+            # stream and event objects cost microseconds of host time per call.
+            self._last = runtime.eventCreateWithFlags(runtime.eventDisableTiming)
         self._last_captured = False  # whether it was recorded in a CUDA graph capture
         self.comm.Barrier()  # nobody signals before every rank has opened every buffer
 
@@ -270,14 +277,18 @@ class IpcHeap:
         have run on another stream (``stream=``), since all use the same buffer. Not across
         the edge of a CUDA graph capture: a capture cannot wait on work outside it, and its
         replays are ordered by the stream they run on."""
+        from cupy.cuda import runtime
+
         capturing = torch.cuda.is_current_stream_capturing()
-        if capturing == self._last_captured:
-            torch.cuda.current_stream(self.device).wait_event(self._last)
+        if capturing == self._last_captured:  # an event never recorded is waited for at once
+            runtime.streamWaitEvent(raw_stream(self.device.index), self._last, 0)
 
     def end(self) -> None:
         """End of an operation on the current stream (what the next ``begin`` waits for)."""
+        from cupy.cuda import runtime
+
         self._last_captured = torch.cuda.is_current_stream_capturing()
-        self._last.record(torch.cuda.current_stream(self.device))
+        runtime.eventRecord(self._last, raw_stream(self.device.index))
 
     def one_shot_all_reduce(self, src: torch.Tensor, dst: torch.Tensor) -> bool:
         """``dst`` = the sum over the ranks of ``src`` (flat, contiguous, on this heap's
@@ -293,25 +304,30 @@ class IpcHeap:
         if kind is None or self.size > ONE_SHOT_MAX_RANKS:
             return False
         name, vec = kind
-        device = self.device.index
-        if torch._C._cuda_getDevice() != device:
-            with torch.cuda.device(device):
-                return self.one_shot_all_reduce(src, dst)
-        from cupy.cuda import driver
-
-        step, n = self.capacity // src.element_size(), src.numel()
-        stream, slots = torch._C._cuda_getCurrentRawStream(device), self._one_shot_args.slots
-        for a in range(0, n, step):
-            s, d, count = src[a:a + step], dst[a:a + step], min(step, n - a)
-            width = vec if (s.data_ptr() | d.data_ptr()) % 16 == 0 else 1
+        size, n = src.element_size(), src.numel()
+        step, src_ptr, dst_ptr = self.capacity // size, src.data_ptr(), dst.data_ptr()
+        slots = self._one_shot_args.slots
+        for a in range(0, n, step):  # pieces by address: no tensor views on the hot path
+            s, d, count = src_ptr + a * size, dst_ptr + a * size, min(step, n - a)
+            width = vec if (s | d) % 16 == 0 else 1
             function = self._one_shot_functions.get((name, width))
             if function is None:
                 function = self._one_shot_function(name, width)
             blocks = max(1, min(ONE_SHOT_MAX_BLOCKS, -(-count // width // ONE_SHOT_THREADS)))
-            slots[3], slots[4], slots[5] = s.data_ptr(), d.data_ptr(), count
-            driver.launchKernel(function, blocks, 1, 1, ONE_SHOT_THREADS, 1, 1, 0, stream,
-                                self._one_shot_args.address, 0)
+            slots[3], slots[4], slots[5] = s, d, count
+            self._launch(function, blocks, ONE_SHOT_THREADS, self._one_shot_args)
         return True
+
+    def _launch(self, function: int, blocks: int, threads: int, args: KernelArgs) -> None:
+        """``cuLaunchKernel`` of ``function`` on the current stream of this heap's device."""
+        from cupy.cuda import driver
+
+        device = self.device.index
+        if torch._C._cuda_getDevice() != device:
+            with torch.cuda.device(device):
+                return self._launch(function, blocks, threads, args)
+        driver.launchKernel(function, blocks, 1, 1, threads, 1, 1, 0, raw_stream(device),
+                            args.address, 0)
 
     def _one_shot_function(self, name: str, width: int) -> int:
         """The CUfunction of the one-shot kernel for dtype ``name`` and ``width`` elements
@@ -325,12 +341,7 @@ class IpcHeap:
         return self._one_shot_functions[(name, width)]
 
     def barrier(self) -> None:
-        import cupy
-
-        stream = torch.cuda.current_stream(self.device)
-        with cupy.cuda.Device(self.device.index), cupy.cuda.ExternalStream(stream.cuda_stream):
-            self._kernel((1,), (self.size,), (self._headers, np.int32(self.rank),
-                                              np.int32(self.size)))
+        self._launch(self._barrier_function, 1, self.size, self._barrier_args)
 
     def close(self) -> None:
         """Unmap the peers' buffers and free this rank's (collective over the ranks)."""
@@ -341,6 +352,7 @@ class IpcHeap:
         self.comm.Barrier()  # every rank has finished reading every buffer
         self._peers = []
         with cupy.cuda.Device(self.device.index):
+            runtime.eventDestroy(self._last)
             for ptr in self._opened:
                 runtime.ipcCloseMemHandle(ptr)
             self.comm.Barrier()  # every mapping of this rank's buffer is closed

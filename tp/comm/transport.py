@@ -12,6 +12,8 @@ import torch
 
 from backends.dtypes import DTYPES
 
+from .base import raw_stream
+
 # Each transport owns a duplicated communicator; within it, the ring's own messages and the
 # user's send/recv (which may run concurrently on another thread) never match each other.
 RING_TAG, P2P_TAG = 7, 8
@@ -77,12 +79,12 @@ class NcclTransport:
     def send(self, buf: torch.Tensor, dst: int, tag: int = RING_TAG) -> None:
         if buf.numel():  # NCCL orders messages by stream; the tag is not needed
             self.comm.send(buf.data_ptr(), buf.numel() * buf.element_size(), _NCCL_UINT8, dst,
-                           torch.cuda.current_stream().cuda_stream)
+                           raw_stream())
 
     def recv(self, buf: torch.Tensor, src: int, tag: int = RING_TAG) -> None:
         if buf.numel():
             self.comm.recv(buf.data_ptr(), buf.numel() * buf.element_size(), _NCCL_UINT8, src,
-                           torch.cuda.current_stream().cuda_stream)
+                           raw_stream())
 
 
 _NCCL_UINT8 = DTYPES["uint8"].nccl  # transports move bytes
