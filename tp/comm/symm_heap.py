@@ -220,6 +220,7 @@ class IpcHeap:
         self._header = self._barrier_bytes + _ONE_SHOT_AREA
         nbytes = self._header + capacity
         runtime = cupy.cuda.runtime
+        self._runtime, self._driver = runtime, cupy.cuda.driver  # no import per call
         self._opened: list[int] = []
         with cupy.cuda.Device(device.index):
             self._own = runtime.malloc(nbytes)
@@ -277,18 +278,14 @@ class IpcHeap:
         have run on another stream (``stream=``), since all use the same buffer. Not across
         the edge of a CUDA graph capture: a capture cannot wait on work outside it, and its
         replays are ordered by the stream they run on."""
-        from cupy.cuda import runtime
-
         capturing = torch.cuda.is_current_stream_capturing()
         if capturing == self._last_captured:  # an event never recorded is waited for at once
-            runtime.streamWaitEvent(raw_stream(self.device.index), self._last, 0)
+            self._runtime.streamWaitEvent(raw_stream(self.device.index), self._last, 0)
 
     def end(self) -> None:
         """End of an operation on the current stream (what the next ``begin`` waits for)."""
-        from cupy.cuda import runtime
-
         self._last_captured = torch.cuda.is_current_stream_capturing()
-        runtime.eventRecord(self._last, raw_stream(self.device.index))
+        self._runtime.eventRecord(self._last, raw_stream(self.device.index))
 
     def one_shot_all_reduce(self, src: torch.Tensor, dst: torch.Tensor) -> bool:
         """``dst`` = the sum over the ranks of ``src`` (flat, contiguous, on this heap's
@@ -320,13 +317,11 @@ class IpcHeap:
 
     def _launch(self, function: int, blocks: int, threads: int, args: KernelArgs) -> None:
         """``cuLaunchKernel`` of ``function`` on the current stream of this heap's device."""
-        from cupy.cuda import driver
-
         device = self.device.index
         if torch._C._cuda_getDevice() != device:
             with torch.cuda.device(device):
                 return self._launch(function, blocks, threads, args)
-        driver.launchKernel(function, blocks, 1, 1, threads, 1, 1, 0, raw_stream(device),
+        self._driver.launchKernel(function, blocks, 1, 1, threads, 1, 1, 0, raw_stream(device),
                             args.address, 0)
 
     def _one_shot_function(self, name: str, width: int) -> int:
