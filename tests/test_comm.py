@@ -73,8 +73,10 @@ def test_symm_on_one_gpu_shared_by_two_ranks():
     assert result.returncode == 0, result.stdout + result.stderr
     assert "OK symm on 2 ranks (cuda)" in result.stdout
     assert "OK symm above its 8388608-byte capacity on 2 ranks (cuda)" in result.stdout
-    # 3 dtypes x 4 operand layouts x 2 calls on each of the 2 ranks
-    assert "OK symm one-shot kernel (48 launches) on 2 ranks (cuda): 96 checks" in result.stdout
+    # on each of the 2 ranks, in 3 dtypes: all_reduce in 4 operand layouts x 2 calls,
+    # reduce_scatter in 3; checks in all 6 dtypes
+    assert ("OK symm one-shot kernels (all_reduce 48, reduce_scatter 18 calls) on 2 ranks "
+            "(cuda): 132 checks") in result.stdout
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
@@ -95,23 +97,23 @@ def test_symm_gpu_barrier_kernel_compiles_to_volatile_flags_and_system_fences(tm
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
-def test_symm_one_shot_kernel_compiles_with_system_fences_around_volatile_flags(tmp_path):
-    """The one-shot all-reduce kernels, compiled without a GPU with the heap's defines: one
-    per dtype and load width, each with two barriers of two system-wide fences around a
-    volatile flag store and spin, and the call counter read volatile (not cached from an
-    earlier call)."""
+def test_symm_reduce_kernels_compile_with_system_fences_around_volatile_flags(tmp_path):
+    """The one-shot all-reduce / reduce-scatter kernels, compiled without a GPU with the
+    heap's defines: one per dtype and load width, each with two barriers of two system-wide
+    fences around a volatile flag store and spin, and the call counter read volatile (not
+    cached from an earlier call)."""
     from tp.comm import symm_heap
 
-    ptx = tmp_path / "one_shot.ptx"
+    ptx = tmp_path / "reduce.ptx"
     result = subprocess.run([shutil.which("nvcc"), "-ptx", "-arch=sm_90", "-std=c++17",
-                             *symm_heap._ONE_SHOT_DEFINES, "-o", str(ptx),
-                             str(symm_heap._ONE_SHOT_SOURCE)],
+                             *symm_heap._REDUCE_DEFINES, "-o", str(ptx),
+                             str(symm_heap._REDUCE_SOURCE)],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     text = ptx.read_text()
     entries = re.findall(r"\.entry (\w+)\(", text)
-    assert entries == [f"symm_one_shot_{name}_v{width}"
-                       for name, width in symm_heap._ONE_SHOT_KERNELS]
+    assert entries == [f"symm_reduce_{name}_v{width}"
+                       for name, width in symm_heap._REDUCE_KERNELS]
     for body in text.split(".entry ")[1:]:
         assert body.count("membar.sys") == 4
         assert body.count("st.volatile") == 2 and body.count("ld.volatile") == 3

@@ -176,41 +176,64 @@ def check_same_bits(one_shot, two_shot, world, device, p, r):
     return checks
 
 
-def check_one_shot_kernel(world, device, p, r):
-    """GPU only: all_reduce forced one-shot on the default heap runs the one-shot kernel for
-    fp32, fp16 and bf16 (every call counted) and the host-issued path for the other dtypes;
-    16-byte loads and, with operands one element off, element by element; more 16-byte packs
-    than the grid has threads (its grid-stride loop) with a tail; into a poisoned out and in
-    place. Returns (checks, kernel calls)."""
+def check_one_shot_kernels(world, device, p, r):
+    """GPU only: all_reduce forced one-shot on the default heap, and reduce_scatter, run the
+    heap's kernel for fp32, fp16 and bf16 (every call counted) and the host-issued algorithm
+    for the other dtypes; 16-byte loads and, with operands one element off (or blocks of a
+    length no load width divides), element by element; more 16-byte packs than the grid has
+    threads (its grid-stride loop), all_reduce with a tail, reduce_scatter in two pieces;
+    into a poisoned out, and all_reduce in place. Returns (checks, {op: kernel calls})."""
     comm = SymmCommunicator(world, open_heap(world, device), 1 << 62)
-    kernel, launched = comm.heap.one_shot_all_reduce, {True: 0, False: 0}
+    heap, calls = comm.heap, {"all_reduce": 0, "reduce_scatter": 0}
+    ran = {True: 0, False: 0}
 
-    def counted(src, dst):
-        ran = kernel(src, dst)
-        launched[ran] += 1
-        return ran
+    def counting(kernel):
+        def counted(src, dst):
+            used = kernel(src, dst)
+            ran[used] += 1
+            return used
+        return counted
 
-    comm.heap.one_shot_all_reduce = counted
-    checks = 0
+    heap.one_shot_all_reduce = counting(heap.one_shot_all_reduce)
+    heap.one_shot_reduce_scatter = counting(heap.one_shot_reduce_scatter)
+    checks, big = 0, (1 << 20) + 3
+    big_blocks = (1 << 20) + 8  # fp32 reduce_scatter: two pieces of a block, 16-byte loads
+
+    def expect_path(fused, before, label, n):
+        if ran[fused] - before[fused] != n or ran[not fused] != before[not fused]:
+            raise AssertionError(f"{label}: expected the {'kernel' if fused else 'host'} path "
+                                 f"for {n} calls; got {ran} after {before}")
+
     for dtype in COMM_DTYPES:
         fused = dtype in (torch.float32, torch.float16, torch.bfloat16)
-        for count, offset in ((1, 0), (1001, 1), ((1 << 20) + 3, 0), ((1 << 20) + 3, 1)):
+        for count, offset in ((1, 0), (1001, 1), (big, 0), (big, 1)):
             full, _ = rank_input(r, (count + 1,), dtype, device, 6)
             want = sum(rank_input(q, (count + 1,), dtype, "cpu", 6)[1]
                        for q in range(p))[offset:offset + count]
-            before = dict(launched)
+            before = dict(ran)
             out = torch.full((count + 1,), -99, dtype=dtype, device=device)[offset:][:count]
-            expect(f"one-shot {dtype} count={count} offset={offset} out",
-                   comm.all_reduce(full[offset:offset + count], out=out), want)
+            tag = f"one-shot all_reduce {dtype} count={count} offset={offset}"
+            expect(f"{tag} out", comm.all_reduce(full[offset:offset + count], out=out), want)
             x = full[offset:offset + count]
             comm.all_reduce(x)  # in place
-            expect(f"one-shot {dtype} count={count} offset={offset} in place", x, want)
-            if launched[fused] - before[fused] != 2 or launched[not fused] != before[not fused]:
-                raise AssertionError(f"{dtype}: expected the {'kernel' if fused else 'host'} "
-                                     f"path for both calls; got {launched} after {before}")
+            expect(f"{tag} in place", x, want)
+            expect_path(fused, before, tag, 2)
+            calls["all_reduce"] += 2 * fused
             checks += 2
+        for count, offset in ((1, 0), (1001, 1), (big_blocks, 0)):
+            full, _ = rank_input(r, (p * count + 1,), dtype, device, 7)
+            blocks = [rank_input(q, (p * count + 1,), dtype, "cpu", 7)[1][offset:]
+                      [:p * count].reshape(p, count) for q in range(p)]
+            before = dict(ran)
+            out = torch.full((count + 1,), -99, dtype=dtype, device=device)[offset:][:count]
+            tag = f"reduce_scatter {dtype} count={count} offset={offset}"
+            expect(tag, comm.reduce_scatter(full[offset:offset + p * count], out=out),
+                   sum(blocks)[r])
+            expect_path(fused, before, tag, 1)
+            calls["reduce_scatter"] += fused
+            checks += 1
     comm.close()
-    return checks, launched[True]
+    return checks, calls
 
 
 def check_symm(world, device, label):
@@ -252,8 +275,9 @@ def check_symm(world, device, label):
     report(f"above its {comm.heap.capacity}-byte capacity", checks, paths)
     comm.close()
     if device.type == "cuda":
-        checks, launches = check_one_shot_kernel(world, device, p, r)
-        report(f"one-shot kernel ({world.allreduce(launches)} launches)", checks)
+        checks, calls = check_one_shot_kernels(world, device, p, r)
+        counted = ", ".join(f"{op} {world.allreduce(n)}" for op, n in calls.items())
+        report(f"one-shot kernels ({counted} calls)", checks)
 
 
 def main():

@@ -7,7 +7,8 @@ from peers' buffers (pull model) and the ranks synchronise only with the heap's 
 - all_gather: each rank copies its input into its own buffer; barrier; each copies every
   peer's buffer into its block of the output; barrier.
 - reduce_scatter: each rank copies its whole input into its own buffer; barrier; rank r sums
-  block r of every peer's buffer into its output; barrier.
+  block r of every peer's buffer into its output; barrier. On GPUs in fp32, fp16 and bf16,
+  one kernel per piece, as the one-shot all_reduce below (``IpcHeap.one_shot_reduce_scatter``).
 - all_reduce, one-shot (up to ``ONE_SHOT_MAX_BYTES``): each rank copies its input into its
   own buffer; barrier; each sums every peer's whole buffer; barrier. Two-shot (above): the
   same first step; barrier; rank r sums chunk r of every buffer (a reduce-scatter) and writes
@@ -18,7 +19,7 @@ from peers' buffers (pull model) and the ranks synchronise only with the heap's 
   SymmetricMemory (``torch/csrc/distributed/c10d/symm_mem/CUDASymmetricMemoryOps.cu``) and
   vLLM's custom all-reduce (``csrc/custom_all_reduce.cuh``, its 1-stage and 2-stage kernels).
   On GPUs, one-shot in fp32, fp16 and bf16 is one kernel per piece
-  (``IpcHeap.one_shot_all_reduce``, ``symm_all_reduce.cu``: the copy, both barriers and the
+  (``IpcHeap.one_shot_all_reduce``, ``symm_reduce.cu``: the copy, both barriers and the
   sum), so its host cost is one launch; the other paths issue several operations per piece.
 - all_to_all: each rank copies its whole input into its own buffer; barrier; rank r copies
   block r of peer q's buffer into its block q; barrier.
@@ -150,6 +151,8 @@ class SymmCommunicator(Communicator):
 
     @_on_heap
     def _reduce_scatter(self, src, dst):
+        if self.heap.one_shot_reduce_scatter(src, dst):
+            return
         n, dt, r, p = dst.numel(), src.dtype, self.rank, self.size
         step = self._piece(dt, p)
         for a, b in _pieces(n, step):
@@ -167,8 +170,7 @@ class SymmCommunicator(Communicator):
             self._two_shot(src, dst)
 
     def _one_shot(self, src, dst):
-        one_shot_kernel = getattr(self.heap, "one_shot_all_reduce", None)
-        if one_shot_kernel is not None and one_shot_kernel(src, dst):
+        if self.heap.one_shot_all_reduce(src, dst):
             return
         n, dt, r = src.numel(), src.dtype, self.rank
         step = self._piece(dt)

@@ -11,6 +11,10 @@ The interface ``symm.py``'s collectives are written over (both heaps provide it)
   finished before anything after it writes.
 - ``begin()`` / ``end()``: around each operation (stream-ordered heaps order the operations
   of all streams on the one buffer; no-ops on the host).
+- ``one_shot_all_reduce(src, dst)`` / ``one_shot_reduce_scatter(src, dst)``: the whole
+  one-shot algorithm as one kernel per piece where the heap has one (``IpcHeap``: fp32,
+  fp16, bf16); False, having done nothing, where it has not (the caller runs the algorithm
+  itself).
 - ``capacity`` (bytes), ``rank``, ``size``, ``device``, ``devices`` (the torch device types
   whose tensors it serves), ``stream_ordered`` (see ``base.py``), and ``close()``
   (collective).
@@ -107,6 +111,12 @@ class SharedWindowHeap:
     def end(self) -> None:
         """Nothing (see ``begin``)."""
 
+    def one_shot_all_reduce(self, src: torch.Tensor, dst: torch.Tensor) -> bool:
+        """False: no kernel on the host (the module doc's interface)."""
+        return False
+
+    one_shot_reduce_scatter = one_shot_all_reduce
+
     def barrier(self) -> None:
         self.win.Sync()
         self.node.Barrier()
@@ -159,26 +169,24 @@ extern "C" __global__ void signal_and_wait(const unsigned long long* headers, in
 """
 
 
-# The one-shot all-reduce kernel (``symm_all_reduce.cu``): its launch shape and the flag
-# area it keeps in every rank's header (flags[block][rank], then two counters), in bytes.
-ONE_SHOT_MAX_BLOCKS, ONE_SHOT_MAX_RANKS, ONE_SHOT_THREADS = 64, 8, 512
-_ONE_SHOT_DEFINES = (f"-DSYMM_MAX_RANKS={ONE_SHOT_MAX_RANKS}",
-                     f"-DSYMM_THREADS={ONE_SHOT_THREADS}")
-_ONE_SHOT_FLAG_BYTES = 4 * ONE_SHOT_MAX_BLOCKS * ONE_SHOT_MAX_RANKS
-_ONE_SHOT_AREA = -(-(_ONE_SHOT_FLAG_BYTES + 8) // 256) * 256
-_ONE_SHOT_SOURCE = Path(__file__).with_name("symm_all_reduce.cu")
+# The one-shot reduction kernels (``symm_reduce.cu``): their launch shape and the flag area
+# they keep in every rank's header (flags[block][rank], then two counters), in bytes.
+REDUCE_MAX_BLOCKS, REDUCE_MAX_RANKS, REDUCE_THREADS = 64, 8, 512
+_REDUCE_DEFINES = (f"-DSYMM_MAX_RANKS={REDUCE_MAX_RANKS}", f"-DSYMM_THREADS={REDUCE_THREADS}")
+_REDUCE_FLAG_BYTES = 4 * REDUCE_MAX_BLOCKS * REDUCE_MAX_RANKS
+_REDUCE_AREA = -(-(_REDUCE_FLAG_BYTES + 8) // 256) * 256
+_REDUCE_SOURCE = Path(__file__).with_name("symm_reduce.cu")
 # dtype -> (its name in the kernels' names, elements per 16-byte load)
-_ONE_SHOT_DTYPES = {torch.float32: ("fp32", 4), torch.float16: ("fp16", 8),
-                    torch.bfloat16: ("bf16", 8)}
-_ONE_SHOT_KERNELS = [(name, width) for name, vec in _ONE_SHOT_DTYPES.values()
-                     for width in (vec, 1)]
+_REDUCE_DTYPES = {torch.float32: ("fp32", 4), torch.float16: ("fp16", 8),
+                  torch.bfloat16: ("bf16", 8)}
+_REDUCE_KERNELS = [(name, width) for name, vec in _REDUCE_DTYPES.values() for width in (vec, 1)]
 
 
 class IpcHeap:
     """GPU memory of every rank mapped into every rank through CUDA IPC (one node).
 
     Each rank ``cudaMalloc``s a header of flags (the barrier's, one int32 per rank; the
-    one-shot kernel's, per block and rank) followed by its ``capacity`` bytes: a buffer of
+    reduction kernels', per block and rank) followed by its ``capacity`` bytes: a buffer of
     its own allocation, so its IPC handle starts at the buffer (a pointer inside torch's
     caching allocator would export the whole block). The
     handles (``cudaIpcGetMemHandle``) are exchanged with ``allgather`` and opened with
@@ -215,9 +223,9 @@ class IpcHeap:
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self.capacity, self.device = capacity, device
         # The header: the barrier's int32 flags, one per rank, then this rank's barrier
-        # count, padded to 256 bytes; then the one-shot kernel's flag area (``_one_shot``).
+        # count, padded to 256 bytes; then the reduction kernels' flag area.
         self._barrier_bytes = -(-4 * (self.size + 1) // 256) * 256
-        self._header = self._barrier_bytes + _ONE_SHOT_AREA
+        self._header = self._barrier_bytes + _REDUCE_AREA
         nbytes = self._header + capacity
         runtime = cupy.cuda.runtime
         self._runtime, self._driver = runtime, cupy.cuda.driver  # no import per call
@@ -237,15 +245,15 @@ class IpcHeap:
             self._headers = cupy.asarray(np.array(bases, dtype=np.uint64))
             self._kernel = cupy.RawKernel(_SIGNAL_AND_WAIT, "signal_and_wait")
             self._peers = [self._wrap(base + self._header, capacity) for base in bases]
-            # The one-shot kernel's tables: every rank's buffer and flag area.
+            # The reduction kernels' tables: every rank's buffer and flag area.
             self._data = cupy.asarray(np.array([b + self._header for b in bases], np.uint64))
             self._flags = cupy.asarray(np.array([b + self._barrier_bytes for b in bases],
                                                 np.uint64))
-        counters = self._own + self._barrier_bytes + _ONE_SHOT_FLAG_BYTES
-        # cuLaunchKernel's parameters, built once: a launch rewrites src, dst and n only.
-        self._one_shot_args = KernelArgs([self._data.data.ptr, self._flags.data.ptr, counters,
-                                          0, 0, 0, self.rank, self.size])
-        self._one_shot_functions: dict[tuple[str, int], int] = {}
+        counters = self._own + self._barrier_bytes + _REDUCE_FLAG_BYTES
+        # cuLaunchKernel's parameters, built once: a launch rewrites src to chunks only.
+        self._reduce_args = KernelArgs([self._data.data.ptr, self._flags.data.ptr, counters,
+                                        0, 0, 0, 0, 0, self.rank, self.size])
+        self._reduce_functions: dict[tuple[str, int], int] = {}
         self._barrier_args = KernelArgs([self._headers.data.ptr, self.rank, self.size])
         with cupy.cuda.Device(device.index):
             self._barrier_function = self._kernel.kernel.ptr  # compiled here, once
@@ -288,31 +296,45 @@ class IpcHeap:
         self._runtime.eventRecord(self._last, raw_stream(self.device.index))
 
     def one_shot_all_reduce(self, src: torch.Tensor, dst: torch.Tensor) -> bool:
-        """``dst`` = the sum over the ranks of ``src`` (flat, contiguous, on this heap's
-        device; ``dst`` may be ``src``), each piece of at most ``capacity`` bytes by one
-        launch of ``symm_all_reduce.cu``'s one-shot kernel on the current stream (copy in,
-        barrier, sum in rank order, fp16/bf16 in fp32 rounded once, barrier).
+        """``dst`` = the sum over the ranks of ``src`` by ``symm_reduce.cu``'s kernel: one
+        launch per piece of at most ``capacity`` bytes on the current stream (copy in,
+        barrier, sum in rank order, fp16/bf16 in fp32 rounded once, barrier). ``src`` and
+        ``dst`` are flat and contiguous on this heap's device; ``dst`` may be ``src``.
 
-        Returns False, having done nothing, when the kernel does not apply: a dtype other
-        than fp32, fp16 or bf16, or more than ``ONE_SHOT_MAX_RANKS`` ranks. Collective, in
-        the same order on every rank; not for concurrent calls from several threads (the
-        launch parameters are shared)."""
-        kind = _ONE_SHOT_DTYPES.get(src.dtype)
-        if kind is None or self.size > ONE_SHOT_MAX_RANKS:
+        Returns False, having done nothing, when the kernel does not apply (``_reduce``).
+        Collective, in the same order on every rank; not for concurrent calls from several
+        threads (the launch parameters are shared)."""
+        return self._reduce(src, dst, 1)
+
+    def one_shot_reduce_scatter(self, src: torch.Tensor, dst: torch.Tensor) -> bool:
+        """``dst`` (n elements) = the sum over the ranks of block ``rank`` of ``src`` (P x n
+        elements), as ``one_shot_all_reduce`` does it: each piece of every block is copied
+        in, and block ``rank`` of every buffer summed, by one launch. Returns False, having
+        done nothing, when the kernel does not apply (``_reduce``)."""
+        return self._reduce(src, dst, self.size)
+
+    def _reduce(self, src: torch.Tensor, dst: torch.Tensor, chunks: int) -> bool:
+        """The launches of ``one_shot_all_reduce`` (``chunks`` 1) and
+        ``one_shot_reduce_scatter`` (``chunks`` P); False when the kernel does not apply: a
+        dtype other than fp32, fp16 or bf16, or more than ``REDUCE_MAX_RANKS`` ranks."""
+        kind = _REDUCE_DTYPES.get(src.dtype)
+        if kind is None or self.size > REDUCE_MAX_RANKS:
             return False
         name, vec = kind
-        size, n = src.element_size(), src.numel()
-        step, src_ptr, dst_ptr = self.capacity // size, src.data_ptr(), dst.data_ptr()
-        slots = self._one_shot_args.slots
+        size, n = src.element_size(), dst.numel()
+        step, src_ptr, dst_ptr = self.capacity // (size * chunks), src.data_ptr(), dst.data_ptr()
+        slots = self._reduce_args.slots
         for a in range(0, n, step):  # pieces by address: no tensor views on the hot path
             s, d, count = src_ptr + a * size, dst_ptr + a * size, min(step, n - a)
-            width = vec if (s | d) % 16 == 0 else 1
-            function = self._one_shot_functions.get((name, width))
+            # 16-byte loads need every chunk's start aligned: in src, dst and the buffer
+            aligned = (s | d) % 16 == 0 and (chunks == 1 or (n | count) % vec == 0)
+            width = vec if aligned else 1
+            function = self._reduce_functions.get((name, width))
             if function is None:
-                function = self._one_shot_function(name, width)
-            blocks = max(1, min(ONE_SHOT_MAX_BLOCKS, -(-count // width // ONE_SHOT_THREADS)))
-            slots[3], slots[4], slots[5] = s, d, count
-            self._launch(function, blocks, ONE_SHOT_THREADS, self._one_shot_args)
+                function = self._reduce_function(name, width)
+            blocks = max(1, min(REDUCE_MAX_BLOCKS, -(-count // width // REDUCE_THREADS)))
+            slots[3], slots[4], slots[5], slots[6], slots[7] = s, n, d, count, chunks
+            self._launch(function, blocks, REDUCE_THREADS, self._reduce_args)
         return True
 
     def _launch(self, function: int, blocks: int, threads: int, args: KernelArgs) -> None:
@@ -321,19 +343,19 @@ class IpcHeap:
         if torch._C._cuda_getDevice() != device:
             with torch.cuda.device(device):
                 return self._launch(function, blocks, threads, args)
-        self._driver.launchKernel(function, blocks, 1, 1, threads, 1, 1, 0, raw_stream(device),
-                            args.address, 0)
+        self._driver.launchKernel(function, blocks, 1, 1, threads, 1, 1, 0,
+                                  raw_stream(device), args.address, 0)
 
-    def _one_shot_function(self, name: str, width: int) -> int:
-        """The CUfunction of the one-shot kernel for dtype ``name`` and ``width`` elements
-        per load (compiled by NVRTC at the first call of the process)."""
+    def _reduce_function(self, name: str, width: int) -> int:
+        """The CUfunction of the reduction kernel for dtype ``name`` and ``width`` elements
+        per load (all of them compiled by NVRTC at the first call of the process)."""
         from backends.cuda import raw_module
 
-        module = raw_module(_ONE_SHOT_SOURCE.read_text(), self.device.index, _ONE_SHOT_DEFINES)
-        for key in _ONE_SHOT_KERNELS:
-            kernel = module.get_function(f"symm_one_shot_{key[0]}_v{key[1]}")
-            self._one_shot_functions[key] = kernel.kernel.ptr
-        return self._one_shot_functions[(name, width)]
+        module = raw_module(_REDUCE_SOURCE.read_text(), self.device.index, _REDUCE_DEFINES)
+        for key in _REDUCE_KERNELS:
+            kernel = module.get_function(f"symm_reduce_{key[0]}_v{key[1]}")
+            self._reduce_functions[key] = kernel.kernel.ptr
+        return self._reduce_functions[(name, width)]
 
     def barrier(self) -> None:
         self._launch(self._barrier_function, 1, self.size, self._barrier_args)

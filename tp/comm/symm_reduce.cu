@@ -1,18 +1,21 @@
-// symm's one-shot all_reduce on GPUs as one kernel: copy in, barrier, sum every rank's
-// buffer, barrier. It replaces five host launches (a copy, two barrier kernels, the sum and
-// its widening) by one, so a small all_reduce costs one launch of host time.
+// symm's one-shot all_reduce and reduce_scatter on GPUs as one kernel: copy in, barrier,
+// sum every rank's buffer, barrier. It replaces the five or more host-issued operations of
+// symm.py's algorithms (copies in and out, two barrier kernels, the widening sum) by one
+// launch, so a small collective costs one launch of host time.
 //
 // The design is vLLM's custom all-reduce (csrc/custom_all_reduce.cuh: per-block flags in
 // peer memory, its 1-stage kernel) and the one_shot_all_reduce of PyTorch's
 // SymmetricMemory; no NVLink multicast.
 //
-// Every rank launches the same grid for the same element count, and block b handles the
-// same elements on every rank (a grid-stride loop over 16-byte packs, then the tail of
-// fewer than one pack in block 0). So block b only has to wait for block b of every peer:
-//   1. block b copies its elements of src into this rank's heap buffer;
+// Every rank launches the same grid for the same sizes, and block b handles the same
+// elements of every chunk on every rank (a grid-stride loop over 16-byte packs, then the
+// tail of fewer than one pack in block 0). So block b only has to wait for block b of every
+// peer:
+//   1. block b copies its elements of every chunk of src into this rank's heap buffer;
 //   2. barrier of block b across the ranks (epoch 2c + 1 for this rank's c-th call);
-//   3. block b sums its elements of every rank's buffer, in rank order 0..P-1, in fp32
-//      for 16-bit types, rounded once (round to nearest even), and writes them to dst;
+//   3. block b sums its elements of one chunk (all_reduce: the only one; reduce_scatter:
+//      chunk `rank`) of every rank's buffer, in rank order 0..P-1, in fp32 for 16-bit
+//      types, rounded once (round to nearest even), and writes them to dst;
 //   4. barrier again (epoch 2c + 2): no peer still reads this rank's buffer when the kernel
 //      ends, so the next operation may overwrite it.
 // The call count c lives on the GPU (counters[0]) and the last block to finish advances it,
@@ -67,16 +70,17 @@ __device__ __forceinline__ void block_barrier(const unsigned long long* flags, i
     __syncthreads();
 }
 
+// dst pack i = the sum over the ranks of pack i of chunk `which` of their buffers.
 template <typename T, int V>
-__device__ __forceinline__ void sum_pack(const unsigned long long* data, int size, long long i,
-                                         T* dst) {
+__device__ __forceinline__ void sum_pack(const unsigned long long* data, int size,
+                                         long long base, long long i, T* dst) {
     using P = Pack<T, V>;
     float acc[V];
-    const P first = ((const P*)data[0])[i];
+    const P first = ((const P*)((const T*)data[0] + base))[i];
 #pragma unroll
     for (int j = 0; j < V; ++j) acc[j] = widen(first.v[j]);
     for (int q = 1; q < size; ++q) {
-        const P part = ((const P*)data[q])[i];
+        const P part = ((const P*)((const T*)data[q] + base))[i];
 #pragma unroll
         for (int j = 0; j < V; ++j) acc[j] += widen(part.v[j]);
     }
@@ -86,24 +90,32 @@ __device__ __forceinline__ void sum_pack(const unsigned long long* data, int siz
     ((P*)dst)[i] = out;
 }
 
-// V elements per pack: 16 bytes when src and dst are 16-byte aligned, else 1.
+// `chunks` chunks of n elements, chunk j of src at src + j * src_stride, are copied into this
+// rank's buffer back to back; dst (n elements) gets the sum of chunk `which` (0 for
+// all_reduce, this rank for reduce_scatter). V elements per pack: 16 bytes when every
+// chunk's start in src, dst and the buffer is 16-byte aligned, else 1.
 template <typename T, int V>
-__device__ void one_shot(const unsigned long long* data, const unsigned long long* flags,
-                         unsigned int* counters, const T* src, T* dst, long long n, int rank,
-                         int size) {
+__device__ void reduce(const unsigned long long* data, const unsigned long long* flags,
+                       unsigned int* counters, const T* src, long long src_stride, T* dst,
+                       long long n, int chunks, int rank, int size) {
     const unsigned int epoch = 2u * ((volatile unsigned int*)counters)[0];
     const long long packs = n / V, tail = packs * V;
     const long long stride = (long long)gridDim.x * blockDim.x;
     const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     using P = Pack<T, V>;
-    P* mine = (P*)data[rank];
-    for (long long i = first; i < packs; i += stride) mine[i] = ((const P*)src)[i];
-    if (blockIdx.x == 0 && tail + threadIdx.x < n)
-        ((T*)data[rank])[tail + threadIdx.x] = src[tail + threadIdx.x];
+    T* mine = (T*)data[rank];
+    for (int j = 0; j < chunks; ++j) {
+        P* to = (P*)(mine + j * n);
+        const P* from = (const P*)(src + j * src_stride);
+        for (long long i = first; i < packs; i += stride) to[i] = from[i];
+        if (blockIdx.x == 0 && tail + threadIdx.x < n)
+            mine[j * n + tail + threadIdx.x] = src[j * src_stride + tail + threadIdx.x];
+    }
     block_barrier(flags, rank, size, epoch + 1);
-    for (long long i = first; i < packs; i += stride) sum_pack<T, V>(data, size, i, dst);
+    const long long base = (chunks == 1 ? 0 : rank) * n;
+    for (long long i = first; i < packs; i += stride) sum_pack<T, V>(data, size, base, i, dst);
     if (blockIdx.x == 0 && tail + threadIdx.x < n)
-        sum_pack<T, 1>(data, size, tail + threadIdx.x, dst);
+        sum_pack<T, 1>(data, size, base, tail + threadIdx.x, dst);
     block_barrier(flags, rank, size, epoch + 2);
     if (threadIdx.x == 0 && atomicAdd(&counters[1], 1u) == gridDim.x - 1) {
         counters[1] = 0;  // every block has read counters[0]: the next call may begin
@@ -111,16 +123,17 @@ __device__ void one_shot(const unsigned long long* data, const unsigned long lon
     }
 }
 
-#define SYMM_ONE_SHOT(NAME, T, V)                                                         \
-    extern "C" __global__ void __launch_bounds__(SYMM_THREADS) NAME(                      \
-        const unsigned long long* data, const unsigned long long* flags,                  \
-        unsigned int* counters, const T* src, T* dst, long long n, int rank, int size) {  \
-        one_shot<T, V>(data, flags, counters, src, dst, n, rank, size);                   \
+#define SYMM_REDUCE(NAME, T, V)                                                             \
+    extern "C" __global__ void __launch_bounds__(SYMM_THREADS) NAME(                        \
+        const unsigned long long* data, const unsigned long long* flags,                    \
+        unsigned int* counters, const T* src, long long src_stride, T* dst, long long n,    \
+        int chunks, int rank, int size) {                                                   \
+        reduce<T, V>(data, flags, counters, src, src_stride, dst, n, chunks, rank, size);   \
     }
 
-SYMM_ONE_SHOT(symm_one_shot_fp32_v4, float, 4)
-SYMM_ONE_SHOT(symm_one_shot_fp32_v1, float, 1)
-SYMM_ONE_SHOT(symm_one_shot_fp16_v8, __half, 8)
-SYMM_ONE_SHOT(symm_one_shot_fp16_v1, __half, 1)
-SYMM_ONE_SHOT(symm_one_shot_bf16_v8, __nv_bfloat16, 8)
-SYMM_ONE_SHOT(symm_one_shot_bf16_v1, __nv_bfloat16, 1)
+SYMM_REDUCE(symm_reduce_fp32_v4, float, 4)
+SYMM_REDUCE(symm_reduce_fp32_v1, float, 1)
+SYMM_REDUCE(symm_reduce_fp16_v8, __half, 8)
+SYMM_REDUCE(symm_reduce_fp16_v1, __half, 1)
+SYMM_REDUCE(symm_reduce_bf16_v8, __nv_bfloat16, 8)
+SYMM_REDUCE(symm_reduce_bf16_v1, __nv_bfloat16, 1)
