@@ -74,9 +74,9 @@ def test_symm_on_one_gpu_shared_by_two_ranks():
     assert "OK symm on 2 ranks (cuda)" in result.stdout
     assert "OK symm above its 8388608-byte capacity on 2 ranks (cuda)" in result.stdout
     # on each of the 2 ranks, in 3 dtypes: all_reduce in 4 operand layouts x 2 calls,
-    # reduce_scatter in 3; checks in all 6 dtypes
-    assert ("OK symm one-shot kernels (all_reduce 48, reduce_scatter 18 calls) on 2 ranks "
-            "(cuda): 132 checks") in result.stdout
+    # reduce_scatter in 3; all_gather in 2 layouts in all 6 dtypes; checks in all 6 dtypes
+    assert ("OK symm one-shot kernels (all_reduce 48, reduce_scatter 18, all_gather 24 calls) "
+            "on 2 ranks (cuda): 156 checks") in result.stdout
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")

@@ -179,12 +179,14 @@ def check_same_bits(one_shot, two_shot, world, device, p, r):
 def check_one_shot_kernels(world, device, p, r):
     """GPU only: all_reduce forced one-shot on the default heap, and reduce_scatter, run the
     heap's kernel for fp32, fp16 and bf16 (every call counted) and the host-issued algorithm
-    for the other dtypes; 16-byte loads and, with operands one element off (or blocks of a
-    length no load width divides), element by element; more 16-byte packs than the grid has
-    threads (its grid-stride loop), all_reduce with a tail, reduce_scatter in two pieces;
-    into a poisoned out, and all_reduce in place. Returns (checks, {op: kernel calls})."""
+    for the other dtypes; all_gather runs the heap's copy-engine path in every dtype (out
+    one element off its buffer, or the input). The kernels: 16-byte loads and, with operands
+    one element off (or blocks of a length no load width divides), element by element; more
+    16-byte packs than the grid has threads (its grid-stride loop), all_reduce with a tail,
+    reduce_scatter in two pieces; into a poisoned out, and all_reduce in place. Returns
+    (checks, {op: calls of the heap's path})."""
     comm = SymmCommunicator(world, open_heap(world, device), 1 << 62)
-    heap, calls = comm.heap, {"all_reduce": 0, "reduce_scatter": 0}
+    heap, calls = comm.heap, {"all_reduce": 0, "reduce_scatter": 0, "all_gather": 0}
     ran = {True: 0, False: 0}
 
     def counting(kernel):
@@ -196,6 +198,7 @@ def check_one_shot_kernels(world, device, p, r):
 
     heap.one_shot_all_reduce = counting(heap.one_shot_all_reduce)
     heap.one_shot_reduce_scatter = counting(heap.one_shot_reduce_scatter)
+    heap.copy_engine_all_gather = counting(heap.copy_engine_all_gather)
     checks, big = 0, (1 << 20) + 3
     big_blocks = (1 << 20) + 8  # fp32 reduce_scatter: two pieces of a block, 16-byte loads
 
@@ -231,6 +234,19 @@ def check_one_shot_kernels(world, device, p, r):
                    sum(blocks)[r])
             expect_path(fused, before, tag, 1)
             calls["reduce_scatter"] += fused
+            checks += 1
+        for count, offset in ((1001, 1), (big, 0)):  # by copy engine in every dtype
+            full, _ = rank_input(r, (count + 1,), dtype, device, 8)
+            parts = [rank_input(q, (count + 1,), dtype, "cpu", 8)[1][offset:offset + count]
+                     for q in range(p)]
+            before = dict(ran)
+            out = torch.full((p * count + 1,), -99, dtype=dtype,
+                             device=device)[1 - offset:][:p * count]
+            tag = f"all_gather {dtype} count={count} offset={offset}"
+            expect(tag, comm.all_gather(full[offset:offset + count], out=out),
+                   np.concatenate(parts))
+            expect_path(True, before, tag, 1)
+            calls["all_gather"] += 1
             checks += 1
     comm.close()
     return checks, calls

@@ -5,7 +5,9 @@ shared-memory window on the CPU, CUDA IPC on the GPU), so data move by plain ten
 from peers' buffers (pull model) and the ranks synchronise only with the heap's barrier:
 
 - all_gather: each rank copies its input into its own buffer; barrier; each copies every
-  peer's buffer into its block of the output; barrier.
+  peer's buffer into its block of the output; barrier. On GPUs the copies are
+  ``cudaMemcpyAsync`` calls by address (``IpcHeap.copy_engine_all_gather``): copy engines,
+  no SMs, no tensor views.
 - reduce_scatter: each rank copies its whole input into its own buffer; barrier; rank r sums
   block r of every peer's buffer into its output; barrier. On GPUs in fp32, fp16 and bf16,
   one kernel per piece, as the one-shot all_reduce below (``IpcHeap.one_shot_reduce_scatter``).
@@ -139,6 +141,8 @@ class SymmCommunicator(Communicator):
 
     @_on_heap
     def _all_gather(self, src, dst):
+        if self.heap.copy_engine_all_gather(src, dst):
+            return
         n, dt, r = src.numel(), src.dtype, self.rank
         step = self._piece(dt)
         for a, b in _pieces(n, step):

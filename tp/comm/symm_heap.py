@@ -13,8 +13,9 @@ The interface ``symm.py``'s collectives are written over (both heaps provide it)
   of all streams on the one buffer; no-ops on the host).
 - ``one_shot_all_reduce(src, dst)`` / ``one_shot_reduce_scatter(src, dst)``: the whole
   one-shot algorithm as one kernel per piece where the heap has one (``IpcHeap``: fp32,
-  fp16, bf16); False, having done nothing, where it has not (the caller runs the algorithm
-  itself).
+  fp16, bf16); ``copy_engine_all_gather(src, dst)``: the all-gather by copy engine
+  (``IpcHeap``, every dtype). False, having done nothing, where the heap has no such path
+  (the caller runs the algorithm itself).
 - ``capacity`` (bytes), ``rank``, ``size``, ``device``, ``devices`` (the torch device types
   whose tensors it serves), ``stream_ordered`` (see ``base.py``), and ``close()``
   (collective).
@@ -115,7 +116,7 @@ class SharedWindowHeap:
         """False: no kernel on the host (the module doc's interface)."""
         return False
 
-    one_shot_reduce_scatter = one_shot_all_reduce
+    one_shot_reduce_scatter = copy_engine_all_gather = one_shot_all_reduce
 
     def barrier(self) -> None:
         self.win.Sync()
@@ -245,6 +246,7 @@ class IpcHeap:
             self._headers = cupy.asarray(np.array(bases, dtype=np.uint64))
             self._kernel = cupy.RawKernel(_SIGNAL_AND_WAIT, "signal_and_wait")
             self._peers = [self._wrap(base + self._header, capacity) for base in bases]
+            self._buffers = [base + self._header for base in bases]  # device addresses
             # The reduction kernels' tables: every rank's buffer and flag area.
             self._data = cupy.asarray(np.array([b + self._header for b in bases], np.uint64))
             self._flags = cupy.asarray(np.array([b + self._barrier_bytes for b in bases],
@@ -312,6 +314,30 @@ class IpcHeap:
         in, and block ``rank`` of every buffer summed, by one launch. Returns False, having
         done nothing, when the kernel does not apply (``_reduce``)."""
         return self._reduce(src, dst, self.size)
+
+    def copy_engine_all_gather(self, src: torch.Tensor, dst: torch.Tensor) -> bool:
+        """``dst`` = every rank's ``src`` in rank order (flat, contiguous, any dtype), by
+        ``cudaMemcpyAsync`` on the current stream, so the copy engines move the data and no
+        SM is taken: per piece of at most ``capacity`` bytes, ``src`` is copied into this
+        rank's buffer, barrier, every peer's buffer is pulled into its block of ``dst``,
+        barrier. Returns True (the caller's algorithm is not needed). Collective, in the
+        same order on every rank."""
+        device = self.device.index
+        if torch._C._cuda_getDevice() != device:
+            with torch.cuda.device(device):
+                return self.copy_engine_all_gather(src, dst)
+        nbytes, src_ptr, dst_ptr = src.numel() * src.element_size(), src.data_ptr(), dst.data_ptr()
+        copy, stream = self._runtime.memcpyAsync, raw_stream(device)
+        default = self._runtime.memcpyDefault  # the direction from the addresses (UVA)
+        for a in range(0, nbytes, self.capacity):
+            piece = min(self.capacity, nbytes - a)
+            copy(self._buffers[self.rank], src_ptr + a, piece, default, stream)
+            self.barrier()
+            for q, buffer in enumerate(self._buffers):
+                copy(dst_ptr + q * nbytes + a, src_ptr + a if q == self.rank else buffer, piece,
+                     default, stream)
+            self.barrier()
+        return True
 
     def _reduce(self, src: torch.Tensor, dst: torch.Tensor, chunks: int) -> bool:
         """The launches of ``one_shot_all_reduce`` (``chunks`` 1) and
