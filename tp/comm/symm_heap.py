@@ -248,7 +248,7 @@ class IpcHeap:
             self._peers = [self._wrap(base + self._header, capacity) for base in bases]
             self._buffers = [base + self._header for base in bases]  # device addresses
             # The reduction kernels' tables: every rank's buffer and flag area.
-            self._data = cupy.asarray(np.array([b + self._header for b in bases], np.uint64))
+            self._data = cupy.asarray(np.array(self._buffers, np.uint64))
             self._flags = cupy.asarray(np.array([b + self._barrier_bytes for b in bases],
                                                 np.uint64))
         counters = self._own + self._barrier_bytes + _REDUCE_FLAG_BYTES
