@@ -255,6 +255,7 @@ class IpcHeap:
         # cuLaunchKernel's parameters, built once: a launch rewrites src to chunks only.
         self._reduce_args = KernelArgs([self._data.data.ptr, self._flags.data.ptr, counters,
                                         0, 0, 0, 0, 0, self.rank, self.size])
+        self._reduce_module = None  # loaded at the first reduction (``_reduce_function``)
         self._reduce_functions: dict[tuple[str, int], int] = {}
         self._barrier_args = KernelArgs([self._headers.data.ptr, self.rank, self.size])
         with cupy.cuda.Device(device.index):
@@ -377,9 +378,11 @@ class IpcHeap:
         per load (all of them compiled by NVRTC at the first call of the process)."""
         from backends.cuda import raw_module
 
-        module = raw_module(_REDUCE_SOURCE.read_text(), self.device.index, _REDUCE_DEFINES)
+        # Kept: the handles below are valid only while the module is loaded.
+        self._reduce_module = raw_module(_REDUCE_SOURCE.read_text(), self.device.index,
+                                         _REDUCE_DEFINES)
         for key in _REDUCE_KERNELS:
-            kernel = module.get_function(f"symm_reduce_{key[0]}_v{key[1]}")
+            kernel = self._reduce_module.get_function(f"symm_reduce_{key[0]}_v{key[1]}")
             self._reduce_functions[key] = kernel.kernel.ptr
         return self._reduce_functions[(name, width)]
 
