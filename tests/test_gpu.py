@@ -44,8 +44,10 @@ def test_torch_compile_on_odd_shapes(dtype, m, n, k, c_kind, rng):
 @pytest.mark.parametrize("backend", ["cuda_wgmma_persistent", "cuda_wgmma_cluster"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("n,aligned_out,aligned_c", [
-    (4104, True, True), (4104, False, True), (4100, True, True), (4104, True, False)],
-    ids=["bulk-store", "misaligned-out", "n-not-multiple-of-8", "misaligned-c"])
+    (4104, True, True), (4104, False, True), (4100, True, True), (4104, True, False),
+    (4296, True, True)],
+    ids=["bulk-store", "misaligned-out", "n-not-multiple-of-8", "misaligned-c",
+         "n-edge-in-second-half"])
 @pytest.mark.parametrize("c_kind", ["full", "bias"])
 @pytest.mark.parametrize("stages", [None, 4], ids=["one-pass-staging", "two-pass-staging"])
 def test_persistent_wgmma_loops_over_more_tiles_than_sms(backend, dtype, n, aligned_out,
@@ -57,7 +59,9 @@ def test_persistent_wgmma_loops_over_more_tiles_than_sms(backend, dtype, n, alig
     buffer; N = 4100); a full C is prefetched by the TMA, or read from global memory when it
     starts 2 bytes off (and a bias always). With 2-CTA clusters the 17 tile rows leave the
     last cluster tiles a second CTA past M. With 4 stages (a tuned entry for the shape's
-    bucket) the staging tile holds half a tile row, stored in two passes per tile."""
+    bucket) the staging tile holds half a tile row, stored in two passes per tile, the
+    second pass's C read into registers (N = 4296: the last tile column's edge lies in that
+    half; N = 4104: past its first half)."""
     m, k = 2050, 200
     if stages is not None:
         kernel = CUDA_KERNELS[backend]

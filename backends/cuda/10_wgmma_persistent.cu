@@ -112,6 +112,8 @@ static_assert(BLOCK_M == 64 || BLOCK_M == 128, "one or two consumer warpgroups o
 static_assert(BLOCK_N % 128 == 0 && BLOCK_N <= 256, "BLOCK_N: 128 or 256");
 static_assert(EPILOGUE_N % 128 == 0 && BLOCK_N % EPILOGUE_N == 0,
               "EPILOGUE_N: 128-column halves of the tile, dividing BLOCK_N");
+static_assert(PASSES == 1 || (PASSES == 2 && PASS_SUB == 1),
+              "a second pass is one 128-column half (its C held in registers)");
 static_assert(THREADS == 128 * (1 + CONSUMERS), "THREADS: one producer + consumer warpgroups");
 static_assert(STAGES >= 2, "the pipeline needs at least two stages");
 static_assert(SMEM_BYTES <= 227 * 1024, "more shared memory than a block can have on sm_90");
@@ -215,9 +217,12 @@ __device__ __forceinline__ unsigned staging_at(unsigned my_staging, int row, int
 // (NaN stays NaN). This runs once per tile with the tensor cores waiting, so its length is
 // the cost: the general form (bounds checks and a branch per pair) took ~9000 cycles per tile
 // on the H200 (the probes of bench/results/h200-wgmma-tma-epilogue/).
-template <bool kC, bool kRelu>
+// kC: 0 no C; 1 C in the staging tile (ldmatrix_x4 before the math); 2 C in `creg`, the
+// pairs of this half as the fragment holds them (creg[r][j]: row lane / 4 + 8 r, column
+// 8 j + 2 (lane % 4)), loaded from global memory by late_c.
+template <int kC, bool kRelu>
 __device__ __forceinline__ void stage_tile(const float (&acc)[64], unsigned half, int warp,
-                                           int lane) {
+                                           int lane, const unsigned (&creg)[2][16]) {
     // Lane L gives row L % 8 of matrix q = L / 8 of an x4: q = r + 2 (j' - j), j' = j or j + 1.
     const int row = warp * 16 + 8 * ((lane / 8) % 2) + lane % 8;
     constexpr int kBatch = 4;  // x4 instructions whose C loads are in flight together
@@ -228,7 +233,7 @@ __device__ __forceinline__ void stage_tile(const float (&acc)[64], unsigned half
 #pragma unroll
         for (int b = 0; b < kBatch; ++b) {
             at[b] = staging_at(half, row, 8 * (j0 + 2 * b + lane / 16));
-            if (kC) ldmatrix_x4(pairs[b], at[b]);
+            if (kC == 1) ldmatrix_x4(pairs[b], at[b]);
         }
 #pragma unroll
         for (int b = 0; b < kBatch; ++b) {
@@ -238,7 +243,7 @@ __device__ __forceinline__ void stage_tile(const float (&acc)[64], unsigned half
                 float a0 = acc[e], a1 = acc[e + 1];
                 if (kC) {
                     float c0, c1;
-                    unpack_pair(pairs[b][q], c0, c1);
+                    unpack_pair(kC == 1 ? pairs[b][q] : creg[q % 2][j0 + 2 * b + q / 2], c0, c1);
                     a0 += c0;
                     a1 += c1;
                 }
@@ -254,13 +259,31 @@ __device__ __forceinline__ void stage_tile(const float (&acc)[64], unsigned half
 }
 
 // stage_tile with the ReLU chosen at run time (one branch per half, none per pair).
-template <bool kC>
+template <int kC>
 __device__ __forceinline__ void stage_tile(const float (&acc)[64], unsigned half, int warp,
-                                           int lane, int relu) {
+                                           int lane, int relu, const unsigned (&creg)[2][16]) {
     if (relu)
-        stage_tile<kC, true>(acc, half, warp, lane);
+        stage_tile<kC, true>(acc, half, warp, lane, creg);
     else
-        stage_tile<kC, false>(acc, half, warp, lane);
+        stage_tile<kC, false>(acc, half, warp, lane, creg);
+}
+
+// The C pairs of one 128-column half of a consumer warpgroup's fragment (its first column
+// n0, rows from m0), from global memory into registers in the fragment's layout (creg as for
+// stage_tile); pairs past M or N are zero (their D is never stored). C is row-major with
+// ldc == N, N % 8 == 0 and 4-byte aligned pairs (the `prefetch` condition).
+__device__ __forceinline__ void late_c(const elem_t* __restrict__ C, int M, int N, int m0,
+                                       int n0, int warp, int lane, unsigned (&creg)[2][16]) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int m = m0 + warp * 16 + lane / 4 + 8 * r;
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+            const int n = n0 + 8 * j + 2 * (lane % 4);
+            creg[r][j] = m < M && n < N
+                ? __ldg(reinterpret_cast<const unsigned*>(C + (long long)m * N + n)) : 0u;
+        }
+    }
 }
 
 // tmaps: the tensor maps of A and B, as for 09_wgmma.cu. map_d, map_c: the tensor maps of D
@@ -388,10 +411,8 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
                         tma_store_2d(&map_d, my_staging + j * BOX_BYTES, n0 + 64 * j, m0);
                     bulk_commit();
                     bulk_wait_read();
-                    if (!prefetch) {
+                    if (!prefetch || p + 1 < PASSES) {  // a later pass's C is in registers
                         mbar_arrive(staging_free_bar + 8 * c);
-                    } else if (p + 1 < PASSES) {
-                        load_c(&map_c, M, N, m0, n0 + EPILOGUE_N, my_staging, c_full_bar + 8 * c);
                     } else if (tile + tile_step < tiles) {
                         int next_m, next_n;
                         walk_tile(tile + tile_step, tiles_m, tiles_n, next_m, next_n);
@@ -454,6 +475,13 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
             if (kt > 0 && threadIdx.x % 128 == 0)
                 release_stage(empty_bar + 8 * (int)((it - 1) % STAGES));
         }
+        // With a full C and two passes, the second pass's C goes from global memory into
+        // registers while the last k-tile's wgmma runs, so that pass waits only for the stores
+        // to read the first (through the staging it waited for that read, then for the TMA
+        // to load C: ~2500 cycles per tile, the timeline probes of
+        // bench/results/h200-wgmma-epilogue-passes/).
+        unsigned c_late[2][16];
+        if (PASSES > 1 && prefetch) late_c(C, M, N, m0, n0 + EPILOGUE_N, warp, lane, c_late);
         wgmma_wait<0>();
         // The tile's last stage is free too: the producer may refill it for the next tile.
         if (threadIdx.x % 128 == 0) release_stage(empty_bar + 8 * (int)((it - 1) % STAGES));
@@ -478,12 +506,16 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
             continue;
         }
         // Pass by pass (EPILOGUE_N columns each) through the staging, which is free (the
-        // stores of the last pass have read it) and, with the prefetch, holds this pass's C.
+        // stores of the last pass have read it) and, with the prefetch, holds the first
+        // pass's C (the second's is in c_late).
 #pragma unroll
         for (int p = 0; p < PASSES; ++p) {
             const int pass = local * PASSES + p;  // this warpgroup's passes so far
-            if (prefetch) {
-                mbar_wait(c_full_bar + 8 * consumer, (unsigned)pass & 1);
+            if (prefetch && p == 0) {
+                mbar_wait(c_full_bar + 8 * consumer, (unsigned)local & 1);
+            } else if (prefetch) {  // the storer's arrives: one per tile's earlier passes
+                mbar_wait(staging_free_bar + 8 * consumer,
+                          (unsigned)(local * (PASSES - 1) + p - 1) & 1);
             } else if (pass > 0) {
                 mbar_wait(staging_free_bar + 8 * consumer, (unsigned)(pass + 1) & 1);
             }
@@ -491,10 +523,12 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
             for (int sub = 0; sub < PASS_SUB; ++sub) {
                 const float(&half)[64] = acc[p * PASS_SUB + sub];
                 const unsigned half_at = my_staging + sub * 2 * BOX_BYTES;
-                if (prefetch) {
-                    stage_tile<true>(half, half_at, warp, lane, relu);
+                if (prefetch && p == 0) {
+                    stage_tile<1>(half, half_at, warp, lane, relu, c_late);
+                } else if (prefetch) {
+                    stage_tile<2>(half, half_at, warp, lane, relu, c_late);
                 } else if (C == nullptr) {
-                    stage_tile<false>(half, half_at, warp, lane, relu);
+                    stage_tile<0>(half, half_at, warp, lane, relu, c_late);
                 } else {  // a bias, or a C the TMA cannot copy: from global memory, bounds checked
 #pragma unroll
                     for (int r = 0; r < 2; ++r) {
