@@ -24,8 +24,12 @@
 // together they brought short K to 88-96% and the square shapes to 92-96%. The epilogue
 // then moved its pairs by ldmatrix/stmatrix (stage_tile): with ReLU(A @ B + C), short K at
 // 100-105% of the best cuBLAS (bench/results/h200-wgmma-stmatrix/).
+// With 4 stages the staging holds half a tile row (two passes); the second pass's C comes
+// from global memory into registers during the last k-tile (late_c): the ReLU(A @ B + C)
+// epilogue went from ~5,050 to ~4,300 cycles per tile at 8192^3 (clock64 stamps,
+// bench/results/h200-wgmma-late-c/probes/).
 // What it still lacks (cuBLAS's sm90 kernels have it): the epilogue still runs with the
-// tensor cores idle (with 4 stages 1.8-3.7% of the time at 8192^3, 3.4-7.3% at 4096^3, while
+// tensor cores idle (with 4 stages 1.8-3.1% of the time at 8192^3, 3.4-5.7% at 4096^3, while
 // the mainloop keeps the tensor cores at their peak per cycle: clock64 stamps in
 // bench/results/h200-wgmma-epilogue-passes/probes/); two consumer warpgroups taking turns on
 // different tiles (CUTLASS's "ping-pong") would hide it. Clusters with TMA multicast are step 11
@@ -90,7 +94,7 @@
     (STAGES * STAGE_BYTES + BLOCK_M * (epilogue_n) * 2 + 1024 + (2 * STAGES + 3 * CONSUMERS) * 8)
 // EPILOGUE_N: the columns of D a consumer warpgroup stages per epilogue pass. Its whole
 // 64 x BLOCK_N when that fits beside the stages (one pass); else 64 x 128 in two passes, the
-// second waiting until the TMA has read the first (and, with C, loaded the second's C): 128 x
+// second waiting until the TMA has read the first (its C is in registers, late_c): 128 x
 // 256 tiles fit 4 stages that way instead of 3. Measured on the H200 (bf16/fp16, A/B in one
 // process, bench/results/h200-wgmma-epilogue-passes/): 4 stages and two passes run 8192^3 1-3
 // points of cuBLAS faster, short K up to 11 points slower; `gemmlab tune` picks STAGES per
