@@ -393,8 +393,10 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
         } else if (stage && lane == 0 && warp_in_group >= 1 && warp_in_group <= CONSUMERS) {
             // Epilogue I/O of consumer warpgroup c, while the consumers run the next tile's
             // mainloop: once a pass of its D is in the staging, one TMA store per box; once
-            // they have read it, the staging is free, and with a full C the next pass's C goes
-            // into it at once (the producer's k-tile loads never wait for the epilogue).
+            // they have read it, the staging is free: for the tile's next pass (whose C, if
+            // any, is in the consumers' registers), or after the last pass, with a full C,
+            // the next tile's C goes into it at once (the producer's k-tile loads never wait
+            // for the epilogue).
             const int c = warp_in_group - 1;
             const unsigned my_staging = staging + c * 64 * EPILOGUE_N * 2;
             int tile_m, tile_n;
