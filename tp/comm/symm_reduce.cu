@@ -70,7 +70,7 @@ __device__ __forceinline__ void block_barrier(const unsigned long long* flags, i
     __syncthreads();
 }
 
-// dst pack i = the sum over the ranks of pack i of chunk `which` of their buffers.
+// dst pack i = the sum over the ranks of pack i of their buffers' chunk at element `base`.
 template <typename T, int V>
 __device__ __forceinline__ void sum_pack(const unsigned long long* data, int size,
                                          long long base, long long i, T* dst) {
@@ -91,7 +91,7 @@ __device__ __forceinline__ void sum_pack(const unsigned long long* data, int siz
 }
 
 // `chunks` chunks of n elements, chunk j of src at src + j * src_stride, are copied into this
-// rank's buffer back to back; dst (n elements) gets the sum of chunk `which` (0 for
+// rank's buffer back to back; dst (n elements) gets the sum of one chunk (0 for
 // all_reduce, this rank for reduce_scatter). V elements per pack: 16 bytes when every
 // chunk's start in src, dst and the buffer is 16-byte aligned, else 1.
 template <typename T, int V>
