@@ -186,6 +186,18 @@ _CUDA_RUNGS: tuple[tuple[str, str, CudaKernel], ...] = (
                 space=CudaSpace({"BLOCK_M": (64, 128), "BLOCK_N": (128, 256), "BLOCK_K": (64,),
                                  "STAGES": (2, 3, 4, 5), "GROUP_M": (8, 16), "CLUSTER_M": (2,)},
                                 lambda p: {"THREADS": 128 * (1 + p["BLOCK_M"] // 64)}))),
+    ("cuda_wgmma_pingpong", "cuda_wgmma_cluster with its two consumer warpgroups taking turns "
+     "on 64-row tiles: one's epilogue runs during the other's mainloop (sm_90a)",
+     CudaKernel("12_wgmma_pingpong.cu", "gemm_wgmma_pingpong",
+                {"BLOCK_M": 64, "BLOCK_N": 256, "BLOCK_K": 64, "STAGES": 4, "GROUP_M": 8,
+                 "THREADS": 384, "CLUSTER_M": 2},
+                dtypes=(torch.float16, torch.bfloat16), tma=True, persistent=True,
+                epilogue_maps=True,
+                # Two consumer warpgroups whatever the tile; without a cluster (CLUSTER_M 1)
+                # each CTA loads all of B.
+                space=CudaSpace({"BLOCK_M": (64,), "BLOCK_N": (128, 256), "BLOCK_K": (64,),
+                                 "STAGES": (3, 4, 5, 6), "GROUP_M": (8, 16),
+                                 "CLUSTER_M": (1, 2), "THREADS": (384,)}))),
 )
 # Each CUDA C rung's kernel with its default tile sizes, by backend name, in ladder order.
 CUDA_KERNELS: dict[str, CudaKernel] = {name: kernel for name, _, kernel in _CUDA_RUNGS}

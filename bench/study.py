@@ -94,7 +94,7 @@ from .style import backend_color, flops
 DEFAULT_BACKENDS = {
     "fp32": ("cuda_regblock", "cuda_vec", "cuda_pipelined", "triton_fused", "cublas"),
     "bf16": ("cuda_wmma", "cuda_mma", "cuda_wgmma", "cuda_wgmma_persistent",
-             "cuda_wgmma_cluster", "triton_fused", "cublas", "cublaslt"),
+             "cuda_wgmma_cluster", "cuda_wgmma_pingpong", "triton_fused", "cublas", "cublaslt"),
 }
 DEFAULT_BACKENDS["fp16"] = DEFAULT_BACKENDS["bf16"]  # the tensor-core rungs take both
 

@@ -31,9 +31,11 @@
 // What it still lacks (cuBLAS's sm90 kernels have it): the epilogue still runs with the
 // tensor cores idle (with 4 stages 1.8-3.1% of the time at 8192^3, 3.4-5.7% at 4096^3, while
 // the mainloop keeps the tensor cores at their peak per cycle: clock64 stamps in
-// bench/results/h200-wgmma-epilogue-passes/probes/); two consumer warpgroups taking turns on
-// different tiles (CUTLASS's "ping-pong") would hide it. Clusters with TMA multicast are step 11
-// (11_wgmma_cluster.cu), this file built with CLUSTER_M = 2: the `CLUSTER_M > 1` branches.
+// bench/results/h200-wgmma-epilogue-passes/probes/). Clusters with TMA multicast are step 11
+// (11_wgmma_cluster.cu), this file built with CLUSTER_M = 2: the `CLUSTER_M > 1` branches; the
+// two consumer warpgroups taking turns on whole tiles (CUTLASS's "ping-pong"), so that one's
+// epilogue runs during the other's mainloop, are step 12 (12_wgmma_pingpong.cu), this file
+// built with PINGPONG = 1: the `TURNS > 1` branches.
 // The tensor maps of D and C are kernel parameters (__grid_constant__): a CUDA graph that
 // captures a call with a fresh D keeps that D's map. A map needs a 16-byte aligned base and
 // row stride, so the staging path needs N % 8 == 0 and a 16-byte aligned D (else the kernel
@@ -71,11 +73,21 @@
 #ifndef CLUSTER_M
 #define CLUSTER_M 1  // CTAs per cluster, on consecutive tile rows, sharing B (step 11: 2)
 #endif
+#ifndef PINGPONG
+#define PINGPONG 0  // 1: the consumer warpgroups take turns on whole tiles (step 12)
+#endif
 #ifndef KERNEL
 #define KERNEL gemm_wgmma_persistent
 #endif
 
-#define CONSUMERS (BLOCK_M / 64)
+#if PINGPONG
+#define CONSUMERS 2  // each computes whole BLOCK_M x BLOCK_N tiles: the CTA's tiles 0, 2, ... / 1, 3, ...
+#define TURNS 2
+#else
+#define CONSUMERS (BLOCK_M / 64)  // 64 rows of every tile each
+#define TURNS 1
+#endif
+#define STAGE_READERS (CONSUMERS / TURNS)  // consumer warpgroups that read each stage
 // setmaxnreg: the producer warpgroup (the TMA thread and the storers) gives registers to the
 // consumers, which hold 128 accumulators each. An inc waits until the pool has the
 // registers, so the consumers may take only what the producer gave back: with 384 threads
@@ -87,11 +99,13 @@
 #define B_BOX_BYTES (BLOCK_K * 64 * 2)  // BLOCK_K rows x 64 columns of B
 #define STAGE_BYTES (A_STAGE_BYTES + BLOCK_N * BLOCK_K * 2)
 #define BOX_BYTES (64 * 128)  // a 64 x 64 box of D or C in the staging tile, 128B-swizzled
-// Stages (1024-aligned for the swizzle), the staging tile of EPILOGUE_N columns per consumer
+// Stages (1024-aligned for the swizzle), the staging tile of 64 x EPILOGUE_N per consumer
 // warpgroup (its boxes 1024-aligned too), then a full and an empty mbarrier per stage and
-// three per consumer warpgroup; + 1024 to align the dynamic shared memory's base.
-#define SMEM_BYTES_FOR(epilogue_n) \
-    (STAGES * STAGE_BYTES + BLOCK_M * (epilogue_n) * 2 + 1024 + (2 * STAGES + 3 * CONSUMERS) * 8)
+// three per consumer warpgroup (four taking turns); + 1024 to align the dynamic shared
+// memory's base.
+#define SMEM_BYTES_FOR(epilogue_n)                                               \
+    (STAGES * STAGE_BYTES + CONSUMERS * 64 * (epilogue_n) * 2 + 1024 +           \
+     (2 * STAGES + (TURNS > 1 ? 4 : 3) * CONSUMERS) * 8)
 // EPILOGUE_N: the columns of D a consumer warpgroup stages per epilogue pass. Its whole
 // 64 x BLOCK_N when that fits beside the stages (one pass); else 64 x 128 in two passes, the
 // second waiting until the TMA has read the first (its C is in registers, late_c): 128 x
@@ -108,11 +122,12 @@
 #endif
 #define PASS_SUB (EPILOGUE_N / 128)  // 128-column halves of the accumulator per pass
 #define PASSES (BLOCK_N / EPILOGUE_N)  // epilogue passes per tile, through one staging buffer
-#define STAGING_BYTES (BLOCK_M * EPILOGUE_N * 2)
+#define STAGING_BYTES (CONSUMERS * 64 * EPILOGUE_N * 2)
 #define SMEM_BYTES SMEM_BYTES_FOR(EPILOGUE_N)
 
 static_assert(BLOCK_K == 64, "a k-tile is one 128-byte swizzle span of 16-bit elements");
 static_assert(BLOCK_M == 64 || BLOCK_M == 128, "one or two consumer warpgroups of 64 rows");
+static_assert(!PINGPONG || BLOCK_M == 64, "taking turns, a warpgroup computes a 64-row tile");
 static_assert(BLOCK_N % 128 == 0 && BLOCK_N <= 256, "BLOCK_N: 128 or 256");
 static_assert(EPILOGUE_N % 128 == 0 && BLOCK_N % EPILOGUE_N == 0,
               "EPILOGUE_N: 128-column halves of the tile, dividing BLOCK_N");
@@ -311,6 +326,9 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
     const unsigned c_full_bar = empty_bar + STAGES * 8;
     const unsigned d_full_bar = c_full_bar + CONSUMERS * 8;
     const unsigned staging_free_bar = d_full_bar + CONSUMERS * 8;
+    // Taking turns, per consumer warpgroup: the other has waited for every k-tile of its tile
+    // (so every earlier fill of every stage is complete: see the mainloop).
+    const unsigned turn_bar = staging_free_bar + CONSUMERS * 8;
 
     const int tiles_m = (M + BLOCK_M - 1) / BLOCK_M;
     const int tiles_n = (N + BLOCK_N - 1) / BLOCK_N;
@@ -333,12 +351,13 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(full_bar + 8 * s, 1);
-            mbar_init(empty_bar + 8 * s, CONSUMERS * CLUSTER_M);
+            mbar_init(empty_bar + 8 * s, STAGE_READERS * CLUSTER_M);
         }
         for (int c = 0; c < CONSUMERS; ++c) {
             mbar_init(c_full_bar + 8 * c, 1);  // the storer's arrive (plus C's bytes)
             mbar_init(d_full_bar + 8 * c, 1);  // the warpgroup's, once D is in the staging
             mbar_init(staging_free_bar + 8 * c, 1);  // the storer's, once the stores read it
+            if (TURNS > 1) mbar_init(turn_bar + 8 * c, 1);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -358,8 +377,7 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
             tensormap_acquire(map_a);
             tensormap_acquire(map_b);
             long long it = 0;
-            int local = 0;  // tiles this CTA has done
-            for (int tile = first_tile; tile < tiles; tile += tile_step, ++local) {
+            for (int tile = first_tile; tile < tiles; tile += tile_step) {
                 int tile_m, tile_n;
                 walk_tile(tile, tiles_m, tiles_n, tile_m, tile_n);
                 for (int kt = 0; kt < KT; ++kt, ++it) {
@@ -399,16 +417,20 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
             // for the epilogue).
             const int c = warp_in_group - 1;
             const unsigned my_staging = staging + c * 64 * EPILOGUE_N * 2;
+            // The tiles and rows of consumer warpgroup c (as in the consumers' loop below).
+            const int row0 = TURNS > 1 ? 0 : 64 * c;
+            const int my_first = first_tile + (TURNS > 1 ? c : 0) * tile_step;
+            const int my_step = TURNS * tile_step;
             int tile_m, tile_n;
-            if (prefetch && first_tile < tiles) {
-                walk_tile(first_tile, tiles_m, tiles_n, tile_m, tile_n);
-                load_c(&map_c, M, N, tile_m * BLOCK_M + 64 * c, tile_n * BLOCK_N, my_staging,
+            if (prefetch && my_first < tiles) {
+                walk_tile(my_first, tiles_m, tiles_n, tile_m, tile_n);
+                load_c(&map_c, M, N, tile_m * BLOCK_M + row0, tile_n * BLOCK_N, my_staging,
                        c_full_bar + 8 * c);
             }
             int pass = 0;
-            for (int tile = first_tile; tile < tiles; tile += tile_step) {
+            for (int tile = my_first; tile < tiles; tile += my_step) {
                 walk_tile(tile, tiles_m, tiles_n, tile_m, tile_n);
-                const int m0 = tile_m * BLOCK_M + 64 * c;
+                const int m0 = tile_m * BLOCK_M + row0;
                 for (int p = 0; p < PASSES; ++p, ++pass) {
                     const int n0 = tile_n * BLOCK_N + p * EPILOGUE_N;
                     mbar_wait(d_full_bar + 8 * c, (unsigned)pass & 1);
@@ -419,10 +441,10 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
                     bulk_wait_read();
                     if (!prefetch || p + 1 < PASSES) {  // a later pass's C is in registers
                         mbar_arrive(staging_free_bar + 8 * c);
-                    } else if (tile + tile_step < tiles) {
+                    } else if (tile + my_step < tiles) {
                         int next_m, next_n;
-                        walk_tile(tile + tile_step, tiles_m, tiles_n, next_m, next_n);
-                        load_c(&map_c, M, N, next_m * BLOCK_M + 64 * c, next_n * BLOCK_N,
+                        walk_tile(tile + my_step, tiles_m, tiles_n, next_m, next_n);
+                        load_c(&map_c, M, N, next_m * BLOCK_M + row0, next_n * BLOCK_N,
                                my_staging, c_full_bar + 8 * c);
                     }
                 }
@@ -440,16 +462,22 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
 #if CONSUMERS == 2
     setmaxnreg_inc<CONSUMER_REGS>();
 #endif
-    const int consumer = warpgroup - 1;  // rows 64 * consumer .. + 63 of each tile
+    // Consumer warpgroup `consumer` computes rows row0 .. row0 + 63 of the CTA's tiles
+    // `local` = turn, turn + TURNS, ... (all of them, or taking turns every other one).
+    const int consumer = warpgroup - 1;
+    const int turn = TURNS > 1 ? consumer : 0;
+    const int row0 = TURNS > 1 ? 0 : 64 * consumer;
     const int warp = warp_in_group;
     const unsigned my_staging = staging + consumer * 64 * EPILOGUE_N * 2;
     const bool pair_ok = (N & 1) == 0 && (reinterpret_cast<unsigned long long>(D) & 3) == 0;
-    long long it = 0;
-    int local = 0;
-    for (int tile = first_tile; tile < tiles; tile += tile_step, ++local) {
+    long long it = (long long)turn * KT;  // the CTA's k-tiles before this warpgroup's tile
+    int local = turn;
+    for (int tile = first_tile + turn * tile_step; tile < tiles;
+         tile += TURNS * tile_step, local += TURNS, it += (long long)(TURNS - 1) * KT) {
+        const int mine = local / TURNS;  // this warpgroup's tiles before this one
         int tile_m, tile_n;
         walk_tile(tile, tiles_m, tiles_n, tile_m, tile_n);
-        const int m0 = tile_m * BLOCK_M + consumer * 64;  // this warpgroup's first row
+        const int m0 = tile_m * BLOCK_M + row0;  // this warpgroup's first row
         const int n0 = tile_n * BLOCK_N;
         float acc[N_SUB][64];
 #pragma unroll
@@ -457,10 +485,20 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
 #pragma unroll
             for (int e = 0; e < 64; ++e) acc[h][e] = 0.0f;
 
+#if TURNS > 1
+        // A parity wait is exact only when the barrier's previous phase has completed: here
+        // the fill of k-tile it - STAGES, which belongs to the other warpgroup's tile until
+        // it has waited for all of that tile's k-tiles (it arrives right after its last wait).
+        if (local > 0) mbar_wait(turn_bar + 8 * turn, (unsigned)((local - 1) / TURNS) & 1);
+#endif
         for (int kt = 0; kt < KT; ++kt, ++it) {
             const int s = (int)(it % STAGES);
             mbar_wait(full_bar + 8 * s, (unsigned)(it / STAGES) & 1);
-            const unsigned a_tile = base + s * STAGE_BYTES + consumer * 64 * (BLOCK_K * 2);
+#if TURNS > 1
+            if (kt == KT - 1 && threadIdx.x % 128 == 0)
+                mbar_arrive(turn_bar + 8 * ((turn + 1) % TURNS));
+#endif
+            const unsigned a_tile = base + s * STAGE_BYTES + row0 * (BLOCK_K * 2);
             const unsigned b_tile = base + s * STAGE_BYTES + A_STAGE_BYTES;
             wgmma_fence();
 #pragma unroll
@@ -516,12 +554,12 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
         // pass's C (the second's is in c_late).
 #pragma unroll
         for (int p = 0; p < PASSES; ++p) {
-            const int pass = local * PASSES + p;  // this warpgroup's passes so far
+            const int pass = mine * PASSES + p;  // this warpgroup's passes so far
             if (prefetch && p == 0) {
-                mbar_wait(c_full_bar + 8 * consumer, (unsigned)local & 1);
+                mbar_wait(c_full_bar + 8 * consumer, (unsigned)mine & 1);
             } else if (prefetch) {  // the storer's arrives: one per tile's earlier passes
                 mbar_wait(staging_free_bar + 8 * consumer,
-                          (unsigned)(local * (PASSES - 1) + p - 1) & 1);
+                          (unsigned)(mine * (PASSES - 1) + p - 1) & 1);
             } else if (pass > 0) {
                 mbar_wait(staging_free_bar + 8 * consumer, (unsigned)(pass + 1) & 1);
             }

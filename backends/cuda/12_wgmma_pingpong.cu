@@ -1,0 +1,45 @@
+// Ladder step 12, cuda_wgmma_pingpong: the two consumer warpgroups of cuda_wgmma_persistent take
+// turns on whole tiles, so that one's epilogue runs while the other's mainloop keeps the tensor
+// cores busy (CUTLASS's "ping-pong" schedule).
+//
+// In steps 10 and 11 both consumer warpgroups compute one 128 x 256 tile (64 rows each) and
+// finish it together: the whole SM then runs the epilogue with the tensor cores idle, about
+// 4,300 cycles per tile with ReLU(A @ B + C) against a mainloop of 65,000 at 4096^3 (clock64
+// stamps, bench/results/h200-wgmma-late-c/probes/), 1.8-5.7% of the time. Here a tile is
+// 64 x 256 and each warpgroup computes every other tile of the CTA on its own (one
+// m64n256k16 per k16 step, 128 accumulators per thread as before): warpgroup 0 takes the
+// CTA's tiles 0, 2, 4, ..., warpgroup 1 tiles 1, 3, 5, .... The producer fills the stages in
+// tile order, so the mainloops follow each other, and while one warpgroup writes its tile
+// into its own staging tile (its own storer thread sends it by TMA and loads its next C),
+// the other is already issuing its wgmmas. What changes in 10_wgmma_persistent.cu (its
+// `TURNS > 1` branches):
+// - a stage is read by one warpgroup: its empty barrier counts one arrival per CTA;
+// - a warpgroup's k-tile counter skips the other's tiles (tile `local` of the CTA starts at
+//   k-tile local x KT), and its epilogue barriers count its own tiles;
+// - an mbarrier parity wait tells only whether the phase of that parity is done, so it is
+//   exact only when the barrier's previous phase has completed. A warpgroup's first k-tile
+//   wait of a tile is on a stage whose previous fill belongs to the other warpgroup's tile:
+//   it first waits on a "turn" barrier, which the other arrives on once it has waited for
+//   the last k-tile of its tile (every earlier fill is then complete).
+// A 64-row tile halves the A rows that share each B k-tile, so on its own it pulls 1.67x the
+// L2 -> SM bytes per FLOP of a 128 x 256 tile; with 2-CTA clusters multicasting B (CLUSTER_M
+// = 2, the default, step 11's branches) it pulls the same as step 10. Shared memory holds 4
+// stages of 40 KB and one 64 x 256 staging tile per warpgroup (one epilogue pass).
+// What it should buy: the square shapes with ReLU(A @ B + C), where the epilogue is exposed;
+// on short K (a few k-tiles per tile) a warpgroup's epilogue outlasts the other's mainloop
+// and the cooperative steps 10 and 11 should stay ahead.
+// References: CUTLASS's sm90 "KernelTmaWarpSpecializedPingpong" (math warpgroups alternating
+// over tiles, its ordered barrier between them); PTX ISA, "mbarrier.try_wait.parity"
+// (phase parity); the references of 10_wgmma_persistent.cu.
+#ifndef BLOCK_M
+#define BLOCK_M 64
+#endif
+#ifndef STAGES
+#define STAGES 4
+#endif
+#ifndef CLUSTER_M
+#define CLUSTER_M 2
+#endif
+#define PINGPONG 1
+#define KERNEL gemm_wgmma_pingpong
+#include "10_wgmma_persistent.cu"
