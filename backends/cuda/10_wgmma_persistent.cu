@@ -107,20 +107,25 @@
     (STAGES * STAGE_BYTES + CONSUMERS * 64 * (epilogue_n) * 2 + 1024 +           \
      (2 * STAGES + (TURNS > 1 ? 4 : 3) * CONSUMERS) * 8)
 // EPILOGUE_N: the columns of D a consumer warpgroup stages per epilogue pass. Its whole
-// 64 x BLOCK_N when that fits beside the stages (one pass); else 64 x 128 in two passes, the
-// second waiting until the TMA has read the first (its C is in registers, late_c): 128 x
-// 256 tiles fit 4 stages that way instead of 3. Measured on the H200 (bf16/fp16, A/B in one
-// process, bench/results/h200-wgmma-epilogue-passes/): 4 stages and two passes run 8192^3 1-3
-// points of cuBLAS faster, short K up to 11 points slower; `gemmlab tune` picks STAGES per
-// shape.
+// 64 x BLOCK_N when that fits beside the stages (one pass); else 64 x 128 or 64 x 64 in
+// several passes, each later one waiting until the TMA has read the one before (their C is
+// in registers, late_c): 128 x 256 tiles fit 4 stages that way instead of 3, 64 x 256 tiles
+// taking turns 5 instead of 4. Measured on the H200 (bf16/fp16, A/B in one process,
+// bench/results/h200-wgmma-epilogue-passes/): 4 stages and two passes run 8192^3 1-3 points
+// of cuBLAS faster, short K up to 11 points slower; `gemmlab tune` picks STAGES per shape.
 #ifndef EPILOGUE_N
 #if SMEM_BYTES_FOR(BLOCK_N) <= 227 * 1024
 #define EPILOGUE_N BLOCK_N
-#else
+#elif SMEM_BYTES_FOR(128) <= 227 * 1024
 #define EPILOGUE_N 128
+#else
+#define EPILOGUE_N 64
 #endif
 #endif
-#define PASS_SUB (EPILOGUE_N / 128)  // 128-column halves of the accumulator per pass
+// A piece: the columns of one stage_tile call, within one 128-column half of the accumulator.
+#define PIECE_N (EPILOGUE_N < 128 ? EPILOGUE_N : 128)
+#define PIECE_J (PIECE_N / 8)  // 8-column groups of a piece
+#define PASS_SUB (EPILOGUE_N / PIECE_N)  // pieces per pass
 #define PASSES (BLOCK_N / EPILOGUE_N)  // epilogue passes per tile, through one staging buffer
 #define STAGING_BYTES (CONSUMERS * 64 * EPILOGUE_N * 2)
 #define SMEM_BYTES SMEM_BYTES_FOR(EPILOGUE_N)
@@ -129,10 +134,10 @@ static_assert(BLOCK_K == 64, "a k-tile is one 128-byte swizzle span of 16-bit el
 static_assert(BLOCK_M == 64 || BLOCK_M == 128, "one or two consumer warpgroups of 64 rows");
 static_assert(!PINGPONG || BLOCK_M == 64, "taking turns, a warpgroup computes a 64-row tile");
 static_assert(BLOCK_N % 128 == 0 && BLOCK_N <= 256, "BLOCK_N: 128 or 256");
-static_assert(EPILOGUE_N % 128 == 0 && BLOCK_N % EPILOGUE_N == 0,
-              "EPILOGUE_N: 128-column halves of the tile, dividing BLOCK_N");
-static_assert(PASSES == 1 || (PASSES == 2 && PASS_SUB == 1),
-              "a second pass is one 128-column half (its C held in registers)");
+static_assert((EPILOGUE_N == 64 || EPILOGUE_N % 128 == 0) && BLOCK_N % EPILOGUE_N == 0,
+              "EPILOGUE_N: 64, or 128-column halves of the tile, dividing BLOCK_N");
+static_assert(PASSES == 1 || PASS_SUB == 1,
+              "a later pass is one piece (its C held in registers)");
 static_assert(THREADS == 128 * (1 + CONSUMERS), "THREADS: one producer + consumer warpgroups");
 static_assert(STAGES >= 2, "the pipeline needs at least two stages");
 static_assert(SMEM_BYTES <= 227 * 1024, "more shared memory than a block can have on sm_90");
@@ -225,11 +230,12 @@ __device__ __forceinline__ unsigned staging_at(unsigned my_staging, int row, int
 }
 
 // The epilogue into the staging tile where nothing needs a bounds check: act(acc), or with
-// kC act(acc + C) with C read from where D goes, for every pair of one 128-column half of the
-// warpgroup's fragment (`half`: its first box in the staging tile). Pairs past M or N are
+// kC act(acc + C) with C read from where D goes, for every pair of one piece (PIECE_N
+// columns from 8-column group j_first) of a 128-column half of the warpgroup's fragment
+// (`piece`: its first box in the staging tile). Pairs past M or N are
 // written too; the TMA stores only what lies inside D. The fragment's pairs are 8 x 8
 // matrices of the staging tile (rows 8 r .. 8 r + 7 of the warp's 16, columns 8 j .. 8 j + 7
-// of the half), so a warp moves four of them per ldmatrix_x4 / stmatrix_x4: 8 instructions
+// of the piece), so a warp moves four of them per ldmatrix_x4 / stmatrix_x4: 8 instructions
 // each per thread for a half's 32 pairs, where one 32-bit ld/st.shared per pair took 32, the
 // loads of C serialized behind each pair's store (asm volatile). The C
 // loads of a batch of four are issued before any of its math. ReLU is a compare and select
@@ -237,28 +243,29 @@ __device__ __forceinline__ unsigned staging_at(unsigned my_staging, int row, int
 // the cost: the general form (bounds checks and a branch per pair) took ~9000 cycles per tile
 // on the H200 (the probes of bench/results/h200-wgmma-tma-epilogue/).
 // kC: 0 no C; 1 C in the staging tile (ldmatrix_x4 before the math); 2 C in `creg`, the
-// pairs of this half as the fragment holds them (creg[r][j]: row lane / 4 + 8 r, column
-// 8 j + 2 (lane % 4)), loaded from global memory by late_c.
+// pairs of this piece as the fragment holds them (creg[r][j]: row lane / 4 + 8 r, column
+// 8 j + 2 (lane % 4) of the piece), loaded from global memory by late_c.
 template <int kC, bool kRelu>
-__device__ __forceinline__ void stage_tile(const float (&acc)[64], unsigned half, int warp,
-                                           int lane, const unsigned (&creg)[2][16]) {
+__device__ __forceinline__ void stage_tile(const float (&acc)[64], int j_first, unsigned piece,
+                                           int warp, int lane,
+                                           const unsigned (&creg)[2][PIECE_J]) {
     // Lane L gives row L % 8 of matrix q = L / 8 of an x4: q = r + 2 (j' - j), j' = j or j + 1.
     const int row = warp * 16 + 8 * ((lane / 8) % 2) + lane % 8;
     constexpr int kBatch = 4;  // x4 instructions whose C loads are in flight together
 #pragma unroll
-    for (int j0 = 0; j0 < 16; j0 += 2 * kBatch) {
+    for (int j0 = 0; j0 < PIECE_J; j0 += 2 * kBatch) {
         unsigned pairs[kBatch][4];
         unsigned at[kBatch];
 #pragma unroll
         for (int b = 0; b < kBatch; ++b) {
-            at[b] = staging_at(half, row, 8 * (j0 + 2 * b + lane / 16));
+            at[b] = staging_at(piece, row, 8 * (j0 + 2 * b + lane / 16));
             if (kC == 1) ldmatrix_x4(pairs[b], at[b]);
         }
 #pragma unroll
         for (int b = 0; b < kBatch; ++b) {
 #pragma unroll
             for (int q = 0; q < 4; ++q) {
-                const int e = 4 * (j0 + 2 * b + q / 2) + 2 * (q % 2);  // acc[e], [e + 1]
+                const int e = 4 * (j_first + j0 + 2 * b + q / 2) + 2 * (q % 2);  // acc[e], [e + 1]
                 float a0 = acc[e], a1 = acc[e + 1];
                 if (kC) {
                     float c0, c1;
@@ -277,27 +284,29 @@ __device__ __forceinline__ void stage_tile(const float (&acc)[64], unsigned half
     }
 }
 
-// stage_tile with the ReLU chosen at run time (one branch per half, none per pair).
+// stage_tile with the ReLU chosen at run time (one branch per piece, none per pair).
 template <int kC>
-__device__ __forceinline__ void stage_tile(const float (&acc)[64], unsigned half, int warp,
-                                           int lane, int relu, const unsigned (&creg)[2][16]) {
+__device__ __forceinline__ void stage_tile(const float (&acc)[64], int j_first, unsigned piece,
+                                           int warp, int lane, int relu,
+                                           const unsigned (&creg)[2][PIECE_J]) {
     if (relu)
-        stage_tile<kC, true>(acc, half, warp, lane, creg);
+        stage_tile<kC, true>(acc, j_first, piece, warp, lane, creg);
     else
-        stage_tile<kC, false>(acc, half, warp, lane, creg);
+        stage_tile<kC, false>(acc, j_first, piece, warp, lane, creg);
 }
 
-// The C pairs of one 128-column half of a consumer warpgroup's fragment (its first column
-// n0, rows from m0), from global memory into registers in the fragment's layout (creg as for
+// The C pairs of one piece of a consumer warpgroup's fragment (its first column n0, rows
+// from m0), from global memory into registers in the fragment's layout (creg as for
 // stage_tile); pairs past M or N are zero (their D is never stored). C is row-major with
 // ldc == N, N % 8 == 0 and 4-byte aligned pairs (the `prefetch` condition).
 __device__ __forceinline__ void late_c(const elem_t* __restrict__ C, int M, int N, int m0,
-                                       int n0, int warp, int lane, unsigned (&creg)[2][16]) {
+                                       int n0, int warp, int lane,
+                                       unsigned (&creg)[2][PIECE_J]) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const int m = m0 + warp * 16 + lane / 4 + 8 * r;
 #pragma unroll
-        for (int j = 0; j < 16; ++j) {
+        for (int j = 0; j < PIECE_J; ++j) {
             const int n = n0 + 8 * j + 2 * (lane % 4);
             creg[r][j] = m < M && n < N
                 ? __ldg(reinterpret_cast<const unsigned*>(C + (long long)m * N + n)) : 0u;
@@ -524,7 +533,7 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
         // to read the first (through the staging it waited for that read, then for the TMA
         // to load C: ~2500 cycles per tile, the timeline probes of
         // bench/results/h200-wgmma-epilogue-passes/).
-        unsigned c_late[2][16];
+        unsigned c_late[2][PIECE_J];
         if (PASSES > 1 && prefetch) late_c(C, M, N, m0, n0 + EPILOGUE_N, warp, lane, c_late);
         wgmma_wait<0>();
         // The tile's last stage is free too: the producer may refill it for the next tile.
@@ -551,7 +560,8 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
         }
         // Pass by pass (EPILOGUE_N columns each) through the staging, which is free (the
         // stores of the last pass have read it) and, with the prefetch, holds the first
-        // pass's C (the second's is in c_late).
+        // pass's C (each later pass's is in c_late, loaded as soon as the pass before has
+        // used it: the second's during the last k-tile).
 #pragma unroll
         for (int p = 0; p < PASSES; ++p) {
             const int pass = mine * PASSES + p;  // this warpgroup's passes so far
@@ -565,14 +575,16 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
             }
 #pragma unroll
             for (int sub = 0; sub < PASS_SUB; ++sub) {
-                const float(&half)[64] = acc[p * PASS_SUB + sub];
-                const unsigned half_at = my_staging + sub * 2 * BOX_BYTES;
+                const int col0 = p * EPILOGUE_N + sub * PIECE_N;  // the piece's, in the tile
+                const float(&half)[64] = acc[col0 / 128];
+                const int j_first = col0 % 128 / 8;
+                const unsigned piece_at = my_staging + sub * (PIECE_N / 64) * BOX_BYTES;
                 if (prefetch && p == 0) {
-                    stage_tile<1>(half, half_at, warp, lane, relu, c_late);
+                    stage_tile<1>(half, j_first, piece_at, warp, lane, relu, c_late);
                 } else if (prefetch) {
-                    stage_tile<2>(half, half_at, warp, lane, relu, c_late);
+                    stage_tile<2>(half, j_first, piece_at, warp, lane, relu, c_late);
                 } else if (C == nullptr) {
-                    stage_tile<0>(half, half_at, warp, lane, relu, c_late);
+                    stage_tile<0>(half, j_first, piece_at, warp, lane, relu, c_late);
                 } else {  // a bias, or a C the TMA cannot copy: from global memory, bounds checked
 #pragma unroll
                     for (int r = 0; r < 2; ++r) {
@@ -580,20 +592,22 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
                         const int m = m0 + row;
                         if (m >= M) continue;
 #pragma unroll
-                        for (int j = 0; j < 16; ++j) {
-                            const int col = 8 * j + 2 * (lane % 4);  // within the half
-                            const int n = n0 + 128 * (p * PASS_SUB + sub) + col;
+                        for (int j = 0; j < PIECE_J; ++j) {
+                            const int col = 8 * j + 2 * (lane % 4);  // within the piece
+                            const int n = n0 + col0 + col;
                             if (n >= N) continue;  // N % 8 == 0 here: n + 1 < N as well
-                            const float v0 = gemm_epilogue(half[4 * j + 2 * r], C, ldc, m, n, relu);
-                            const float v1 = gemm_epilogue(half[4 * j + 2 * r + 1], C, ldc, m,
-                                                           n + 1, relu);
+                            const int e = 4 * (j_first + j) + 2 * r;
+                            const float v0 = gemm_epilogue(half[e], C, ldc, m, n, relu);
+                            const float v1 = gemm_epilogue(half[e + 1], C, ldc, m, n + 1, relu);
                             asm volatile("st.shared.b32 [%0], %1;\n"
-                                         :: "r"(staging_at(half_at, row, col)),
+                                         :: "r"(staging_at(piece_at, row, col)),
                                             "r"(pack_pair(v0, v1)) : "memory");
                         }
                     }
                 }
             }
+            if (PASSES > 2 && prefetch && p >= 1 && p + 1 < PASSES)  // the next pass's C
+                late_c(C, M, N, m0, n0 + (p + 1) * EPILOGUE_N, warp, lane, c_late);
             // Every thread's writes reach the async proxy, then the storer may send them.
             fence_proxy_async_shared();
             warpgroup_barrier(1 + consumer);

@@ -23,8 +23,12 @@
 //   the last k-tile of its tile (every earlier fill is then complete).
 // A 64-row tile halves the A rows that share each B k-tile, so on its own it pulls 1.67x the
 // L2 -> SM bytes per FLOP of a 128 x 256 tile; with 2-CTA clusters multicasting B (CLUSTER_M
-// = 2, the default, step 11's branches) it pulls the same as step 10. Shared memory holds 4
-// stages of 40 KB and one 64 x 256 staging tile per warpgroup (one epilogue pass).
+// = 2, the default, step 11's branches) it pulls the same as step 10. A stage of 64 x 256
+// holds half the work of step 10's 128 x 256 (512 cycles of wgmma at the peak), so the stage
+// ring must be deeper to cover the same load latency: 5 stages of 40 KB, with one 64 x 64
+// staging box per warpgroup (four epilogue passes per tile, C in registers after the first).
+// First measured with 4 stages and a whole 64 x 256 staging row per warpgroup: 82-88% of
+// the best cuBLAS on the square shapes, 62-65% with 3 (bench/results/h200-wgmma-pingpong/).
 // What it should buy: the square shapes with ReLU(A @ B + C), where the epilogue is exposed;
 // on short K (a few k-tiles per tile) a warpgroup's epilogue outlasts the other's mainloop
 // and the cooperative steps 10 and 11 should stay ahead.
@@ -35,7 +39,7 @@
 #define BLOCK_M 64
 #endif
 #ifndef STAGES
-#define STAGES 4
+#define STAGES 5
 #endif
 #ifndef CLUSTER_M
 #define CLUSTER_M 2
