@@ -210,6 +210,13 @@ __device__ __forceinline__ void load_c(const void* map_c, int M, int N, int m0, 
         tma_load_2d(my_staging + j * BOX_BYTES, map_c, bar, n0 + 64 * j, m0);
 }
 
+// Advance a k-tile's stage `s` and its fill's parity `phase` by `n` k-tiles.
+__device__ __forceinline__ void skip_k_tiles(int& s, unsigned& phase, int n) {
+    const int t = s + n;
+    phase ^= (unsigned)(t / STAGES) & 1;
+    s = t % STAGES;
+}
+
 // A stage is free again for this consumer warpgroup: tell every CTA that loads into it (with
 // clusters, the peer's multicast half of B lands in it too).
 __device__ __forceinline__ void release_stage(unsigned empty) {
@@ -380,18 +387,21 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
 #if CONSUMERS == 2
         setmaxnreg_dec<PRODUCER_REGS>();
 #endif
-        if (threadIdx.x == 0) {  // producer: k-tile `it` of the CTA's life -> stage it % STAGES
+        if (threadIdx.x == 0) {  // producer: the CTA's k-tiles in turn -> stages 0, 1, ..., 0, ...
             const void* map_a = tmaps;
             const void* map_b = tmaps + 16;
             tensormap_acquire(map_a);
             tensormap_acquire(map_b);
-            long long it = 0;
+            // The stage of the next k-tile, the parity of its fill, and whether the consumers
+            // must have freed it first (every round of the ring but the first).
+            int s = 0;
+            unsigned phase = 0;
+            bool refill = false;
             for (int tile = first_tile; tile < tiles; tile += tile_step) {
                 int tile_m, tile_n;
                 walk_tile(tile, tiles_m, tiles_n, tile_m, tile_n);
-                for (int kt = 0; kt < KT; ++kt, ++it) {
-                    const int s = (int)(it % STAGES);
-                    if (it >= STAGES) mbar_wait(empty_bar + 8 * s, (unsigned)((it / STAGES) + 1) & 1);
+                for (int kt = 0; kt < KT; ++kt) {
+                    if (refill) mbar_wait(empty_bar + 8 * s, phase ^ 1);
                     const unsigned stage_at = base + s * STAGE_BYTES;
                     mbar_arrive_expect_tx(full_bar + 8 * s, STAGE_BYTES);
 #if CLUSTER_M > 1
@@ -415,6 +425,11 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
                         tma_load_2d(stage_at + A_STAGE_BYTES + j * B_BOX_BYTES, map_b,
                                     full_bar + 8 * s, tile_n * BLOCK_N + 64 * j, kt * BLOCK_K);
 #endif
+                    if (++s == STAGES) {
+                        s = 0;
+                        phase ^= 1;
+                        refill = true;
+                    }
                 }
             }
         } else if (stage && lane == 0 && warp_in_group >= 1 && warp_in_group <= CONSUMERS) {
@@ -479,10 +494,15 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
     const int warp = warp_in_group;
     const unsigned my_staging = staging + consumer * 64 * EPILOGUE_N * 2;
     const bool pair_ok = (N & 1) == 0 && (reinterpret_cast<unsigned long long>(D) & 3) == 0;
-    long long it = (long long)turn * KT;  // the CTA's k-tiles before this warpgroup's tile
+    // The stage of the next k-tile and the parity of its fill, kept by increments (a 64-bit
+    // k-tile count divided by STAGES per k-tile delayed the next wgmma where STAGES is not a
+    // power of two: see 12_wgmma_pingpong.cu).
+    int s = 0;
+    unsigned phase = 0;
+    if (TURNS > 1) skip_k_tiles(s, phase, turn * KT);  // the CTA's before this warpgroup's tile
     int local = turn;
-    for (int tile = first_tile + turn * tile_step; tile < tiles;
-         tile += TURNS * tile_step, local += TURNS, it += (long long)(TURNS - 1) * KT) {
+    for (int tile = first_tile + turn * tile_step; tile < tiles; tile += TURNS * tile_step,
+             local += TURNS) {
         const int mine = local / TURNS;  // this warpgroup's tiles before this one
         int tile_m, tile_n;
         walk_tile(tile, tiles_m, tiles_n, tile_m, tile_n);
@@ -496,13 +516,14 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
 
 #if TURNS > 1
         // A parity wait is exact only when the barrier's previous phase has completed: here
-        // the fill of k-tile it - STAGES, which belongs to the other warpgroup's tile until
-        // it has waited for all of that tile's k-tiles (it arrives right after its last wait).
+        // the previous fill of each stage this tile's first k-tiles wait on, which belongs to
+        // the other warpgroup's tile until it has waited for all of that tile's k-tiles (it
+        // arrives right after its last wait).
         if (local > 0) mbar_wait(turn_bar + 8 * turn, (unsigned)((local - 1) / TURNS) & 1);
 #endif
-        for (int kt = 0; kt < KT; ++kt, ++it) {
-            const int s = (int)(it % STAGES);
-            mbar_wait(full_bar + 8 * s, (unsigned)(it / STAGES) & 1);
+        int last = 0;  // the stage of the k-tile before
+        for (int kt = 0; kt < KT; ++kt) {
+            mbar_wait(full_bar + 8 * s, phase);
 #if TURNS > 1
             if (kt == KT - 1 && threadIdx.x % 128 == 0)
                 mbar_arrive(turn_bar + 8 * ((turn + 1) % TURNS));
@@ -525,8 +546,12 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
             }
             wgmma_commit();
             wgmma_wait<1>();
-            if (kt > 0 && threadIdx.x % 128 == 0)
-                release_stage(empty_bar + 8 * (int)((it - 1) % STAGES));
+            if (kt > 0 && threadIdx.x % 128 == 0) release_stage(empty_bar + 8 * last);
+            last = s;
+            if (++s == STAGES) {
+                s = 0;
+                phase ^= 1;
+            }
         }
         // With a full C and two passes, the second pass's C goes from global memory into
         // registers while the last k-tile's wgmma runs, so that pass waits only for the stores
@@ -537,7 +562,8 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
         if (PASSES > 1 && prefetch) late_c(C, M, N, m0, n0 + EPILOGUE_N, warp, lane, c_late);
         wgmma_wait<0>();
         // The tile's last stage is free too: the producer may refill it for the next tile.
-        if (threadIdx.x % 128 == 0) release_stage(empty_bar + 8 * (int)((it - 1) % STAGES));
+        if (threadIdx.x % 128 == 0) release_stage(empty_bar + 8 * last);
+        if (TURNS > 1) skip_k_tiles(s, phase, (TURNS - 1) * KT);  // the other's next tile
 
         // Epilogue. The wgmma accumulator layout: warp w holds rows 16 w .. 16 w + 15 of the
         // warpgroup's 64; acc[h][4 j + 2 r + e] is row lane / 4 + 8 r, column
