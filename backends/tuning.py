@@ -287,7 +287,28 @@ def save(entries: list[dict], path: str | Path | None = None) -> list[dict]:
     for entry in entries:
         if problem := _problem(entry):
             raise ValueError(f"cannot store tuned entry {entry}: {problem}")
-    merged = merge(load(path).entries, entries)
+    return _write(merge(load(path).entries, entries), path)
+
+
+def remove(gpu: str, backend: str, dtype: str, shape_bucket: tuple[int, int, int] | list[int],
+           path: str | Path | None = None) -> list[dict]:
+    """Drop the entry of (gpu, backend, dtype, bucket) from the table at ``path`` (default
+    ``table_path()``), written as ``save`` writes it, so that bucket runs the backend's
+    default configuration. Returns the entries now in the file (unchanged when there was no
+    such entry).
+
+    Raises:
+        ValueError: the file holds a malformed table (it is left as it is).
+    """
+    path = table_path() if path is None else Path(path)
+    key = (gpu, backend, dtype, tuple(shape_bucket))
+    entries = load(path).entries
+    kept = [e for e in entries if _key(e) != key]
+    return entries if len(kept) == len(entries) else _write(kept, path)
+
+
+def _write(merged: list[dict], path: Path) -> list[dict]:
+    """Write ``merged`` to ``path`` atomically and make gemm() read it again."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:

@@ -16,7 +16,8 @@ stored. The few fastest candidates, the default and the table's entry are then t
 turns (``FINAL_ROUNDS``), so a drift of the GPU's clocks over the search favours none of them.
 The best candidate is stored when it is at least as fast as the default and as the tuned
 table's entry for the bucket (if any), both measured in the same run; it then replaces that
-entry, at once, so an interrupted run keeps the groups it finished.
+entry, at once, so an interrupted run keeps the groups it finished. When the default is the
+fastest of the three, the table's entry is removed, so the bucket runs the default.
 The search follows siboehm/SGEMM_CUDA's autotuner scripts (a grid over the compile-time tile
 sizes, every variant checked) and ``triton.autotune``'s config lists.
 
@@ -276,7 +277,13 @@ def run_tune(names: list[str], shapes: list[tuple[int, int, int]], dtype_names: 
             if row["best_ms"] is None:
                 _add_note(row, "no candidate passed")
             elif row["default_ms"] is not None and row["best_ms"] > row["default_ms"]:
-                _add_note(row, "the default configuration was faster: not stored")
+                if row["table_ms"] is not None and row["table_ms"] >= row["default_ms"]:
+                    # The entry would keep running a configuration this run found slower.
+                    tuning.remove(gpu, name, dtype_name, row["bucket"], path)
+                    _add_note(row, "the default configuration was faster: not stored, and "
+                                   "the table's entry for this bucket removed")
+                else:
+                    _add_note(row, "the default configuration was faster: not stored")
             elif row["table_ms"] is not None and row["best_ms"] > row["table_ms"]:
                 _add_note(row, "the table's entry was faster in this run: kept")
             else:

@@ -583,6 +583,38 @@ def test_nothing_is_stored_when_the_default_is_faster(table, launches, monkeypat
     assert not table.exists()
 
 
+@interpreter_only
+@pytest.mark.parametrize("table_ms,removed", [(1.5, True), (0.5, False)])
+def test_a_table_entry_slower_than_the_default_is_removed(table, launches, monkeypatch,
+                                                         table_ms, removed):
+    """The default beats every candidate: the table's entry for the bucket, timed in the
+    same run, is removed when it was slower than the default (the bucket then runs the
+    default), and kept when it was faster still."""
+    old = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 8, "num_warps": 4,
+           "num_stages": 1}  # GROUP_M 8: no candidate of the interpreter's space
+    other = entry(gpu="cpu", dtype="fp32", bucket=(16, 16, 16), **old)
+    tuning.save([entry(gpu="cpu", dtype="fp32", bucket=(64, 32, 32), **old), other], table)
+
+    def clock(fn, device, **timing):
+        fn()
+        config = launches[-1]
+        if config is None:
+            return 1.0  # the default
+        return table_ms if config.kwargs["GROUP_M"] == 8 else 2.0
+
+    monkeypatch.setattr(tune, "kernel_ms", clock)
+    (row,) = tune.run_tune(["triton_fused"], [(40, 24, 32)], ["fp32"], DEVICE, out=table)
+    assert row["default_ms"] == 1.0 and row["table_ms"] == table_ms and not row["stored"]
+    left = tuning.load(table)
+    assert (left.get("triton_fused", "cpu", "fp32", 40, 24, 32) is None) is removed
+    assert other in left.entries  # another bucket's entry is untouched
+    if removed:
+        assert row["note"] == ("the default configuration was faster: not stored, and the "
+                               "table's entry for this bucket removed")
+    else:
+        assert row["note"] == "the default configuration was faster: not stored"
+
+
 def _default_reports(default_ms, launches, kernel_ms=tune.kernel_ms):
     """A clock for ``tune.kernel_ms`` that reports ``default_ms`` whenever the default
     configuration (Triton's autotuner; the interpreter's fixed config) is what ran (the
