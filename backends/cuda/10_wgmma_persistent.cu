@@ -111,8 +111,10 @@
 // several passes, each later one waiting until the TMA has read the one before (their C is
 // in registers, late_c): 128 x 256 tiles fit 4 stages that way instead of 3, 64 x 256 tiles
 // taking turns 5 instead of 4. Measured on the H200 (bf16/fp16, A/B in one process,
-// bench/results/h200-wgmma-epilogue-passes/): 4 stages and two passes run 8192^3 1-3 points
-// of cuBLAS faster, short K up to 11 points slower; `gemmlab tune` picks STAGES per shape.
+// bench/results/h200-wgmma-epilogue-passes/): 4 stages and two passes ran 8192^3 1-3 points
+// of cuBLAS faster, short K up to 11 points slower; but that 3-stage ring paid a 64-bit
+// division per k-tile, and without it 3 stages keep the tensor cores as busy as 4
+// (bench/results/h200-wgmma-pingpong/): `gemmlab tune` picks STAGES per shape.
 #ifndef EPILOGUE_N
 #if SMEM_BYTES_FOR(BLOCK_N) <= 227 * 1024
 #define EPILOGUE_N BLOCK_N
