@@ -57,6 +57,9 @@ class Backend:
             table ``config`` dicts, the default's among them) that ``gemmlab tune`` checks
             and times for operands of ``dtype_name`` (fp32, tf32, fp16, bf16) on ``device``;
             None for a backend with nothing to tune. A backend with one has ``pin`` too.
+        default_config: the default configuration as a ``search_space`` dict, where it is
+            one (the CUDA C kernels' registry tile sizes); None where the default is chosen
+            at run time (Triton's autotuner) or there is nothing to tune.
     """
 
     name: str
@@ -73,6 +76,7 @@ class Backend:
     config: Callable[[], str]
     pin: Callable[[dict], Any] | None = None
     search_space: Callable[[str, torch.device], list[dict[str, int]]] | None = None
+    default_config: dict[str, int] | None = None
 
     def bind_config(self, problem: Problem, config: dict[str, int] | None,
                     note: str) -> Launch:
@@ -231,7 +235,8 @@ def _cuda_backend(name: str, summary: str, kernel: CudaKernel) -> Backend:
                    max_numel=None,
                    unavailable=sm90a_unavailable_reason if kernel.tma else cuda_unavailable_reason,
                    config=describe, pin=lambda params: _pin_cuda(kernel, params),
-                   search_space=None if kernel.space is None else search_space)
+                   search_space=None if kernel.space is None else search_space,
+                   default_config=dict(kernel.params))
 
 
 def _positive(config: dict, fields) -> None:

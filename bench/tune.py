@@ -17,7 +17,8 @@ turns (``FINAL_ROUNDS``), so a drift of the GPU's clocks over the search favours
 The best candidate is stored when it is at least as fast as the default and as the tuned
 table's entry for the bucket (if any), both measured in the same run; it then replaces that
 entry, at once, so an interrupted run keeps the groups it finished. When the default is the
-fastest of the three, the table's entry is removed, so the bucket runs the default.
+fastest of the three, or the best candidate is the default's own configuration (timed
+twice), nothing is stored and a slower table entry is removed, so the bucket runs the default.
 The search follows siboehm/SGEMM_CUDA's autotuner scripts (a grid over the compile-time tile
 sizes, every variant checked) and ``triton.autotune``'s config lists.
 
@@ -276,14 +277,19 @@ def run_tune(names: list[str], shapes: list[tuple[int, int, int]], dtype_names: 
                     None if incumbent is None else incumbent["config"])
             if row["best_ms"] is None:
                 _add_note(row, "no candidate passed")
-            elif row["default_ms"] is not None and row["best_ms"] > row["default_ms"]:
+            elif row["default_ms"] is not None and (
+                    row["best_ms"] > row["default_ms"]
+                    or row["best_config"] == impl.default_config):  # one build, timed twice
+                why = ("the default configuration was faster"
+                       if row["best_ms"] > row["default_ms"]
+                       else "the best candidate is the default configuration")
                 if row["table_ms"] is not None and row["table_ms"] >= row["default_ms"]:
                     # The entry would keep running a configuration this run found slower.
                     tuning.remove(gpu, name, dtype_name, row["bucket"], path)
-                    _add_note(row, "the default configuration was faster: not stored, and "
-                                   "the table's entry for this bucket removed")
+                    _add_note(row, f"{why}: not stored, and the table's entry for this bucket "
+                                   f"removed")
                 else:
-                    _add_note(row, "the default configuration was faster: not stored")
+                    _add_note(row, f"{why}: not stored")
             elif row["table_ms"] is not None and row["best_ms"] > row["table_ms"]:
                 _add_note(row, "the table's entry was faster in this run: kept")
             else:

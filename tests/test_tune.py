@@ -615,6 +615,42 @@ def test_a_table_entry_slower_than_the_default_is_removed(table, launches, monke
         assert row["note"] == "the default configuration was faster: not stored"
 
 
+@interpreter_only
+def test_the_defaults_own_configuration_is_never_stored(table, launches, monkeypatch):
+    """A backend whose default is a configuration of its space (the CUDA C kernels): when
+    that candidate wins, by a noise-sized margin over the default's own binding, the bucket
+    already runs it: nothing is stored, and a table entry slower than the default goes."""
+    from dataclasses import replace
+
+    import backends
+
+    space = backends.BACKENDS["triton_fused"].search_space("fp32", DEVICE)
+    default = space[0]
+    monkeypatch.setitem(backends.BACKENDS, "triton_fused",
+                        replace(backends.BACKENDS["triton_fused"], default_config=default))
+    old = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 8, "num_warps": 4,
+           "num_stages": 1}  # GROUP_M 8: no candidate of the interpreter's space
+    tuning.save([entry(gpu="cpu", dtype="fp32", bucket=(64, 32, 32), **old)], table)
+
+    def clock(fn, device, **timing):
+        fn()
+        config = launches[-1]
+        if config is None:
+            return 1.0  # the default's own binding
+        if config.kwargs["GROUP_M"] == 8:
+            return 1.5  # the table's entry
+        same = all(config.kwargs.get(k, v) == v for k, v in default.items()
+                   if k not in ("num_warps", "num_stages"))
+        return 0.99 if same else 2.0
+
+    monkeypatch.setattr(tune, "kernel_ms", clock)
+    (row,) = tune.run_tune(["triton_fused"], [(40, 24, 32)], ["fp32"], DEVICE, out=table)
+    assert row["best_config"] == default and row["best_ms"] == 0.99 and not row["stored"]
+    assert row["note"] == ("the best candidate is the default configuration: not stored, and "
+                           "the table's entry for this bucket removed")
+    assert tuning.load(table).get("triton_fused", "cpu", "fp32", 40, 24, 32) is None
+
+
 def _default_reports(default_ms, launches, kernel_ms=tune.kernel_ms):
     """A clock for ``tune.kernel_ms`` that reports ``default_ms`` whenever the default
     configuration (Triton's autotuner; the interpreter's fixed config) is what ran (the
