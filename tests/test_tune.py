@@ -46,6 +46,12 @@ def entry(gpu="NVIDIA H200", backend="triton_fused", dtype="fp16", bucket=(4096,
             "shape": list(bucket), "date": "2026-11-21T00:00:00+00:00", "git_commit": "abc"}
 
 
+# A triton_fused table entry's config that no candidate of the interpreter's space has
+# (GROUP_M 8), so a test can tell the table's entry from the candidates.
+OUTSIDE_SPACE = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 8, "num_warps": 4,
+                 "num_stages": 1}
+
+
 # --- search spaces ---------------------------------------------------------------------------
 
 def smem_bytes(c, size):
@@ -432,10 +438,8 @@ def test_the_tables_entry_is_timed_in_the_same_run(table, launches, monkeypatch,
                                                    replaced):
     """The entry's recorded TFLOP/s (from another run) do not count; its time in this run
     does: a candidate replaces it only when faster here."""
-    old = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 8, "num_warps": 4,
-           "num_stages": 1}  # GROUP_M 8: no candidate of the interpreter's space
     tuning.save([entry(gpu="cpu", dtype="fp32", bucket=(64, 32, 32), tflops=1e9,
-                       **old)], table)
+                       **OUTSIDE_SPACE)], table)
     (old_entry,) = tuning.load(table).entries
 
     def fake_kernel_ms(fn, device, **timing):
@@ -590,10 +594,9 @@ def test_a_table_entry_slower_than_the_default_is_removed(table, launches, monke
     """The default beats every candidate: the table's entry for the bucket, timed in the
     same run, is removed when it was slower than the default (the bucket then runs the
     default), and kept when it was faster still."""
-    old = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 8, "num_warps": 4,
-           "num_stages": 1}  # GROUP_M 8: no candidate of the interpreter's space
-    other = entry(gpu="cpu", dtype="fp32", bucket=(16, 16, 16), **old)
-    tuning.save([entry(gpu="cpu", dtype="fp32", bucket=(64, 32, 32), **old), other], table)
+    other = entry(gpu="cpu", dtype="fp32", bucket=(16, 16, 16), **OUTSIDE_SPACE)
+    tuning.save([entry(gpu="cpu", dtype="fp32", bucket=(64, 32, 32), **OUTSIDE_SPACE), other],
+                table)
 
     def clock(fn, device, **timing):
         fn()
@@ -628,9 +631,7 @@ def test_the_defaults_own_configuration_is_never_stored(table, launches, monkeyp
     default = space[0]
     monkeypatch.setitem(backends.BACKENDS, "triton_fused",
                         replace(backends.BACKENDS["triton_fused"], default_config=default))
-    old = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 8, "num_warps": 4,
-           "num_stages": 1}  # GROUP_M 8: no candidate of the interpreter's space
-    tuning.save([entry(gpu="cpu", dtype="fp32", bucket=(64, 32, 32), **old)], table)
+    tuning.save([entry(gpu="cpu", dtype="fp32", bucket=(64, 32, 32), **OUTSIDE_SPACE)], table)
 
     def clock(fn, device, **timing):
         fn()

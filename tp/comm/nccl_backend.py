@@ -90,11 +90,11 @@ class NcclCommunicator(Communicator):
         from cupy.cuda import nccl
 
         n = src.numel() // self.size
-        dtype, step = nccl_code(src.dtype), n * src.element_size()
+        dtype, step, stream = nccl_code(src.dtype), n * src.element_size(), raw_stream()
         nccl.groupStart()
         for peer in range(self.size):
-            self.comm.send(src.data_ptr() + peer * step, n, dtype, peer, raw_stream())
-            self.comm.recv(dst.data_ptr() + peer * step, n, dtype, peer, raw_stream())
+            self.comm.send(src.data_ptr() + peer * step, n, dtype, peer, stream)
+            self.comm.recv(dst.data_ptr() + peer * step, n, dtype, peer, stream)
         nccl.groupEnd()
 
     def _broadcast(self, buf, root):
