@@ -36,8 +36,8 @@
 // works (some warpgroup is in its mainloop 98-99.9% of a CTA's span at 4096^3 and 8192^3)
 // and its CTAs take about the cycles of step 10's, but it runs at 82-92% of the best cuBLAS,
 // behind steps 10 and 11 on every shape: the GPU runs it at a lower clock (1.39 against
-// 1.56 GHz of cycles per microsecond at 8192^3), and it reads 1.65x step 10's DRAM bytes at
-// 4096^3 (its default GROUP_M band is half as tall; GROUP_M 16 was no faster in its tune).
+// 1.56 GHz of cycles per microsecond at 8192^3), and it reads 1.65x the DRAM bytes of step
+// 10's earlier profile at 4096^3 (its default GROUP_M band is half as tall; GROUP_M 16 was no faster in its tune).
 // References: CUTLASS's sm90 "KernelTmaWarpSpecializedPingpong" (math warpgroups alternating
 // over tiles, its ordered barrier between them); PTX ISA, "mbarrier.try_wait.parity"
 // (phase parity); the references of 10_wgmma_persistent.cu.
