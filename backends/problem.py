@@ -49,12 +49,14 @@ class Problem:
         """``out``, or a new uninitialised contiguous (M, N) tensor for a kernel to write D
         into."""
         if out is None:
-            return torch.empty_like(self._shape_of_d)
+            return torch.empty_like(self.d_template)
         return out
 
     @functools.cached_property
-    def _shape_of_d(self) -> torch.Tensor:
-        # One element seen as (M, N) with zero strides. empty_like of a view that overlaps
-        # itself allocates a contiguous tensor (torch.preserve_format's rule) and skips
-        # torch.empty's keyword parsing, a third of an allocation's host time.
+    def d_template(self) -> torch.Tensor:
+        """One element of D's dtype and device seen as (M, N): ``torch.empty_like`` of it is
+        a new contiguous D (what ``output(None)`` returns; hot paths call it inline)."""
+        # empty_like of a view that overlaps itself allocates a contiguous tensor
+        # (torch.preserve_format's rule) and skips torch.empty's keyword parsing, a third of
+        # an allocation's host time.
         return torch.empty(1, dtype=self.dtype, device=self.device).expand(self.m, self.n)

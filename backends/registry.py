@@ -208,22 +208,16 @@ CUDA_KERNELS: dict[str, CudaKernel] = {name: kernel for name, _, kernel in _CUDA
 
 
 def _cuda_backend(name: str, summary: str, kernel: CudaKernel) -> Backend:
-    last = [None, None]  # the CudaKernel and tuning note of the latest call, for config()
+    last = [None]  # (the CudaKernel, its tuning note) of the latest call, for config()
 
     def bind(p: Problem, config: CudaKernel | None, note: str | None = None):
         ran = kernel if config is None else config
-        launch = ran.bind(p)
-
-        def noted(a, b, c, out):
-            last[:] = ran, note
-            return launch(a, b, c, out)
-
-        return noted
+        return ran.bind(p, record=last, tag=(ran, note))
 
     def describe() -> str:
-        ran, note = last
-        if ran is None:
+        if last[0] is None:
             return "not launched yet"
+        ran, note = last[0]
         text = ran.description()
         return text if note is None else f"{text} ({note})"
 
@@ -258,13 +252,7 @@ def _triton_backend() -> Backend:
     last = [None]  # the tuning note of the latest call, for config()
 
     def bind(p: Problem, config, note: str | None = None):
-        launch = triton_fused.bind(p, config)
-
-        def noted(a, b, c, out):
-            last[0] = note
-            return launch(a, b, c, out)
-
-        return noted
+        return triton_fused.bind(p, config, record=last, tag=note)
 
     def describe() -> str:
         text = triton_fused.last_config()  # the config that ran and which kernel ran it

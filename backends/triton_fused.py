@@ -307,8 +307,8 @@ def devices() -> tuple[str, ...]:
 INTERPRETER_PROGRAMS = 3
 # TMA (the Tensor Memory Accelerator) arrived with Hopper.
 TMA_MIN_CAPABILITY = 9
-# The config and kernel of the latest launch, for last_config(); no kernel: none yet.
-_last: list = [None, ""]
+# [config, which kernel ran it] of the latest launch, for last_config(); no kernel: none yet.
+_last: list = [[None, ""]]
 
 
 @functools.cache
@@ -454,7 +454,8 @@ def _pointer_args(p: Problem, tiles: dict, flags: dict, a, b, c, out) -> tuple:
             flags["HAS_C"], flags["RELU"], flags["INPUT_PRECISION"])
 
 
-def bind(p: Problem, config: triton.Config | None = None) -> Launch:
+def bind(p: Problem, config: triton.Config | None = None, record: list | None = None,
+         tag: object = None) -> Launch:
     """The launch of the fused kernel for Problem ``p``: any strides, any M, N, K >= 1.
 
     ``config`` pins BLOCK_M/N/K, GROUP_M, num_warps and num_stages instead of autotuning (the
@@ -464,6 +465,9 @@ def bind(p: Problem, config: triton.Config | None = None) -> Launch:
     and C (None or 2-D) TMA-addressable (last stride 1, row stride a multiple of 16 bytes,
     16-byte aligned). Otherwise the pointer kernel runs with the same tiles; ``last_config()``
     says which ran, and why it fell back.
+
+    Each launch stores ``tag`` in ``record[0]`` when ``record`` is given (the registry's
+    tuning note, for ``Backend.config()``).
 
     The launch is for the signature of its first call (strides and the 16-byte alignment of
     each pointer, which Triton specializes on; ``gemm()`` binds once per signature). The first
@@ -532,8 +536,14 @@ def bind(p: Problem, config: triton.Config | None = None) -> Launch:
     current_device = (triton.runtime.driver.active.get_current_device
                       if p.device.type == "cuda" else None)
 
+    template, empty_like = p.d_template, torch.empty_like
+    raw_stream = torch._C._cuda_getCurrentRawStream if p.device.type == "cuda" else None
+
     def launch(a, b, c, out):
-        out = p.output(out)
+        if record is not None:
+            record[0] = tag
+        if out is None:
+            out = empty_like(template)
         if not transposed:
             transposed.append(p.allow_tf32 and b.stride(1) == 1 and b.stride(0) != 1)
         if transposed[0]:
@@ -545,12 +555,12 @@ def bind(p: Problem, config: triton.Config | None = None) -> Launch:
             kernel, grid, make_args = compiled
             enter = knobs.runtime.launch_enter_hook
             args = make_args(a, b, c, out)
-            stream = torch._C._cuda_getCurrentRawStream(device)
+            stream = raw_stream(device)
             kernel.run(grid[0], grid[1], grid[2], stream, kernel.function,
                        kernel.packed_metadata,
                        None if enter is None else kernel.launch_metadata(grid, stream, *args),
                        enter, knobs.runtime.launch_exit_hook, *args)
-        _last[:] = described
+        _last[0] = described
         return out
 
     launch.compiled = compiled  # for gemmlab bench --overhead: Triton's own launch of it
@@ -568,7 +578,7 @@ def last_config() -> str:
     """The configuration of the most recent launch (the pinned one, or the autotuner's pick)
     and the kernel that ran it: the pointer kernel, the persistent TMA kernel, or the pointer
     kernel because the call did not qualify for the persistent one it asked for, and why."""
-    config, kernel = _last
+    config, kernel = _last[0]
     if not kernel:
         return "not launched yet"
     return f"{config}; {kernel}"

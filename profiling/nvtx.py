@@ -13,7 +13,8 @@ or ``with annotate(name)``) named after what it is, so a profiler can select exa
     nsys stats -r nvtx_sum,nvtx_gpu_proj_sum report.nsys-rep
 
 (the trailing slash selects push/pop ranges). Without a profiler attached a range is a call
-into NVTX's no-op stubs: ``profiling.overhead`` measures what it costs.
+into NVTX's no-op stubs: ``profiling.overhead`` measures what it costs; ``gemm()``, the
+hottest path, skips it then (``NO_PROFILER``).
 
 ``name_stream`` labels a CUDA stream in Nsight Systems' timeline (``nvtxNameCudaStreamA``).
 NVTX 3 is header-only and the ``nvtx`` package does not wrap that call, so a five-line C shim
@@ -47,6 +48,9 @@ void gemmlab_name_stream(void* stream, const char* name) {
 # The nvtx package's handle of the domain: a no-op stand-in when no profiler is attached.
 # Tests and the overhead probe replace it to record or silence every range.
 domain = nvtx.get_domain(DOMAIN)
+# That stand-in when no profiler was attached at start-up (NVTX injects a tool only then),
+# else None: a hot path may skip its range while ``domain is NO_PROFILER`` (``gemm()`` does).
+NO_PROFILER = None if isinstance(domain, nvtx.Domain) else domain
 
 
 @functools.lru_cache(maxsize=4096)

@@ -5,8 +5,9 @@
 Two measurements, same process:
 
 1. one ``annotate`` push/pop on its own: the best of several ``timeit`` loops, in µs;
-2. ``backends.gemm`` (cublas, ``size``³) called back to back, with its NVTX range and with the
-   ranges replaced by a no-op, alternating so clock drift hits both alike: mean wall time per
+2. ``backends.gemm`` (cublas, ``size``³) called back to back, with its NVTX range opened
+   (into NVTX's stand-in when no profiler is attached, where ``gemm()`` would skip it) and
+   with the range skipped, alternating so clock drift hits both alike: mean wall time per
    call over ``--calls`` calls after a synchronize, in ms (on a GPU, the CPU runs ahead of the
    GPU, so this is the GEMM's time unless the range made the CPU the bottleneck).
 
@@ -40,6 +41,22 @@ def range_cost_us(repeats: int = 7, number: int = 20000) -> float:
     return min(timeit.repeat(one, repeat=repeats, number=number)) / number * 1e6
 
 
+@contextlib.contextmanager
+def gemm_range(opened: bool):
+    """Inside, ``gemm()`` opens its NVTX range on every call (``opened``: as when a profiler
+    is attached, into whatever the domain is) or skips it (as when none is; the domain is
+    then a stand-in that records nothing)."""
+    saved = gemmlab_nvtx.domain, gemmlab_nvtx.NO_PROFILER
+    if opened:
+        gemmlab_nvtx.NO_PROFILER = None
+    else:
+        gemmlab_nvtx.domain = gemmlab_nvtx.NO_PROFILER = _Silent()
+    try:
+        yield
+    finally:
+        gemmlab_nvtx.domain, gemmlab_nvtx.NO_PROFILER = saved
+
+
 class _Silent:
     """A domain handle that records nothing."""
 
@@ -51,17 +68,6 @@ class _Silent:
 
     def pop_range(self):
         pass
-
-
-@contextlib.contextmanager
-def ranges_off():
-    """Inside, gemmlab's NVTX ranges push nothing (the GEMM's range is a no-op)."""
-    real = gemmlab_nvtx.domain
-    gemmlab_nvtx.domain = _Silent()
-    try:
-        yield
-    finally:
-        gemmlab_nvtx.domain = real
 
 
 def gemm_ms(a, b, calls: int) -> float:
@@ -85,8 +91,9 @@ def measure(size: int, dtype: torch.dtype, device: torch.device, calls: int,
     b = torch.randn(size, size, device=device).to(dtype)
     on, off = [], []
     for _ in range(rounds):
-        on.append(gemm_ms(a, b, calls))
-        with ranges_off():
+        with gemm_range(opened=True):
+            on.append(gemm_ms(a, b, calls))
+        with gemm_range(opened=False):
             off.append(gemm_ms(a, b, calls))
     cost = range_cost_us()
     ms_on, ms_off = statistics.median(on), statistics.median(off)

@@ -145,6 +145,30 @@ def test_a_bound_signature_reads_each_calls_operands(backend, c_kind, rng):
     assert_matches_reference(gemm(a, b, c, activation="relu", backend=backend), a, b, c, "relu")
 
 
+@pytest.mark.parametrize("backend", [b.name for b in backends.LADDER])
+def test_one_binding_called_from_several_threads_gives_each_its_own_d(backend, rng):
+    """Threads calling one bound signature at once (the CUDA C launches keep an argument
+    buffer per thread, cublaslt a bias pointer per plan) must each get the D of their own
+    operands."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    dtype = backends.BACKENDS[backend].dtypes[0]
+    problems = [random_inputs(96, 80, 48, dtype, "cuda", "bias", rng) for _ in range(4)]
+    gemm(*problems[0], activation="relu", backend=backend)  # binds the signature
+
+    def run(operands):
+        a, b, c = operands
+        ds = [gemm(a, b, c, activation="relu", backend=backend) for _ in range(50)]
+        torch.cuda.synchronize()
+        return ds
+
+    with ThreadPoolExecutor(len(problems)) as pool:
+        results = list(pool.map(run, problems))
+    for (a, b, c), ds in zip(problems, results):
+        for d in (ds[0], ds[-1]):
+            assert_matches_reference(d, a, b, c, "relu")
+
+
 def test_cublaslt_graph_replays_after_its_binding_is_dropped(rng):
     """A captured cuBLASLt call keeps what it reads (the algorithm was copied into the graph,
     the workspace stays with its stream): dropping gemm()'s bindings, and with them the plan's

@@ -275,6 +275,26 @@ def test_every_call_runs_in_an_nvtx_range_named_after_the_backend(monkeypatch, r
     assert pushed == [name for name in RUNNING for _ in range(2)]
     assert open_ranges == []
 
+def test_without_a_profiler_gemm_skips_its_nvtx_range(monkeypatch, rng):
+    """No profiler attached at start-up: NVTX's stand-in domain records nothing, so gemm()
+    makes no range calls at all (they cost host time per call for nothing)."""
+    import profiling.nvtx
+
+    if profiling.nvtx.NO_PROFILER is None:
+        pytest.skip("a profiler is attached: NVTX records ranges in this process")
+    assert profiling.nvtx.domain is profiling.nvtx.NO_PROFILER
+
+    def no_range(*args):
+        raise AssertionError("an NVTX range call without a profiler")
+
+    monkeypatch.setattr(profiling.nvtx, "push", no_range)
+    monkeypatch.setattr(profiling.nvtx, "pop", no_range)
+    a, b, c = random_inputs(5, 6, 7, generator=rng)
+    for _ in range(2):  # the first call binds, the second finds the binding
+        assert_matches_reference(gemm(a, b, c, activation="relu", backend="torch_unfused"),
+                                 a, b, c, "relu")
+
+
 
 @settings(max_examples=12, deadline=None)
 @given(m=st.integers(1, 70), n=st.integers(1, 70), k=st.integers(1, 70),

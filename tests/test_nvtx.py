@@ -116,6 +116,23 @@ def test_overhead_probe_reports_both_timings(tmp_path, capsys):
     assert "NVTX range push/pop" in capsys.readouterr().out
 
 
+def test_the_overhead_probe_times_gemm_with_its_range_and_without(ranges, monkeypatch):
+    """The probe's two timings differ by the range alone: opened, gemm() pushes one range
+    per call; skipped, none, whatever domain was there before."""
+    import backends
+    from profiling import overhead
+
+    a, b = torch.randn(4, 4), torch.randn(4, 4)
+    before = gemmlab_nvtx.domain, gemmlab_nvtx.NO_PROFILER
+    with overhead.gemm_range(opened=False):
+        backends.gemm(a, b, backend="torch_unfused")
+    assert ranges == [] and (gemmlab_nvtx.domain, gemmlab_nvtx.NO_PROFILER) == before
+    monkeypatch.setattr(gemmlab_nvtx, "NO_PROFILER", gemmlab_nvtx.domain)  # a skipping gemm()
+    with overhead.gemm_range(opened=True):
+        backends.gemm(a, b, backend="torch_unfused")
+    assert [message for message, _, _ in ranges] == ["torch_unfused"]
+
+
 class Untouchable(Loopback):
     """A communicator that fails the test if any collective is started."""
 

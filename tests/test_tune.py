@@ -283,8 +283,8 @@ def launches(monkeypatch):
     seen = []
     bind = triton_fused.bind
 
-    def spy(p, config=None):
-        launch = bind(p, config)
+    def spy(p, config=None, **recording):
+        launch = bind(p, config, **recording)
 
         def run(a, b, c, out):
             seen.append(config)
@@ -544,11 +544,11 @@ def test_broken_and_wrong_candidates_are_never_timed_or_stored(table, monkeypatc
     last = {}
     bind = triton_fused.bind
 
-    def broken(p, config=None):
+    def broken(p, config=None, **recording):
         tile = None if config is None else (config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"])
         if tile == (16, 16):
             raise RuntimeError("out of resources")
-        launch = bind(p, config)
+        launch = bind(p, config, **recording)
 
         def run(a, b, c, out):
             last["tile"] = tile

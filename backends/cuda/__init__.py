@@ -194,8 +194,10 @@ class CudaKernel:
         memory in bytes, for ``dtype`` operands on ``device``."""
         return _compiled(self.source, self.name, self.defines(dtype), device, self.arch_suffix)
 
-    def bind(self, p: Problem):
-        """The launch of D = act(A @ B + C) for Problem ``p``, on torch's current stream.
+    def bind(self, p: Problem, record: list | None = None, tag: object = None):
+        """The launch of D = act(A @ B + C) for Problem ``p``, on torch's current stream;
+        each launch stores ``tag`` in ``record[0]`` when ``record`` is given (what ran, for
+        ``Backend.config()``; stored here, a wrapper would add a Python call per launch).
 
         It takes contiguous CUDA tensors ``a`` (M, K), ``b`` (K, N), ``c`` (None, (M, N) or
         (N,)) and ``out`` (None or (M, N)) of ``p``'s dtype on ``p``'s device (``gemm()`` has
@@ -224,9 +226,12 @@ class CudaKernel:
         function, smem = self.compiled(p.dtype, device)
         handle = function.kernel.ptr  # the CUfunction of CuPy's RawKernel on this device
         ldc = 0 if p.c != "full" else n
-        args = KernelArgs([0, 0, 0, 0, m, n, k, ldc, int(p.relu), *([0] if self.tma else [])],
-                          blobs=2 if self.epilogue_maps else 0)
-        (tx, ty), lock = self.threads, threading.Lock()
+        values = [0, 0, 0, 0, m, n, k, ldc, int(p.relu), *([0] if self.tma else [])]
+        blob_count = 2 if self.epilogue_maps else 0
+        # One argument buffer per thread: a launch writes its pointers there, and the driver
+        # reads them with the GIL released (a thread-local costs less than a lock).
+        per_thread = threading.local()
+        (gx, gy), (tx, ty) = grid, self.threads
         maps_of = epilogue_maps_of = None
         if self.tma:
             from .tma import EpilogueMaps, LaunchMaps
@@ -234,10 +239,15 @@ class CudaKernel:
             maps_of = LaunchMaps(k, n, self.params["BLOCK_M"], self.params["BLOCK_K"])
             if self.epilogue_maps:
                 epilogue_maps_of = EpilogueMaps(p.dtype, m, n, full_c=p.c == "full")
-        relu, output = int(p.relu), p.output
+        relu, template, empty_like = int(p.relu), p.d_template, torch.empty_like
+        raw_stream, get_device, launch_kernel = (torch._C._cuda_getCurrentRawStream,
+                                                 runtime.getDevice, driver.launchKernel)
 
         def launch(a, b, c, out):
-            out = output(out)
+            if record is not None:
+                record[0] = tag
+            if out is None:
+                out = empty_like(template)
             if maps_of is None:
                 pointers = (a.data_ptr(), b.data_ptr(), 0 if c is None else c.data_ptr(),
                             out.data_ptr())
@@ -252,18 +262,20 @@ class CudaKernel:
                 pycuda_launch(self, p.dtype, device, grid,
                               (*pointers[:4], m, n, k, ldc, relu, *pointers[4:]), blobs)
                 return out
-            stream = torch._C._cuda_getCurrentRawStream(device)
-            with lock:  # the buffer is shared by every call of this binding
-                args.set_pointers(pointers)
-                if blobs:
-                    args.set_blobs(blobs)
-                if runtime.getDevice() == device:
-                    driver.launchKernel(handle, grid[0], grid[1], 1, tx, ty, 1, smem, stream,
-                                        args.address, 0)
-                else:
-                    with cupy.cuda.Device(device):
-                        driver.launchKernel(handle, grid[0], grid[1], 1, tx, ty, 1, smem,
-                                            stream, args.address, 0)
+            stream = raw_stream(device)
+            try:
+                args = per_thread.args
+            except AttributeError:  # this thread's first launch of the binding
+                args = per_thread.args = KernelArgs(values, blobs=blob_count)
+            args.set_pointers(pointers)
+            if blobs:
+                args.set_blobs(blobs)
+            if get_device() == device:
+                launch_kernel(handle, gx, gy, 1, tx, ty, 1, smem, stream, args.address, 0)
+            else:
+                with cupy.cuda.Device(device):
+                    launch_kernel(handle, gx, gy, 1, tx, ty, 1, smem, stream,
+                                  args.address, 0)
             return out
 
         return launch
