@@ -29,6 +29,7 @@ import threading
 import numpy as np
 import torch
 
+from .context import bind_primary_context
 from .problem import Launch, Problem
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -245,11 +246,17 @@ def bind(p: Problem, config=None) -> Launch:
     rows are contiguous, else into a new D that is then copied into ``out``."""
     device = p.device.index if p.device.index is not None else torch.cuda.current_device()
     raw_stream, current_device = torch._C._cuda_getCurrentRawStream, torch._C._cuda_getDevice
-    output = p.output
     layout: list = []  # A's and B's _operand, whether C is copied, whether D goes through one
     plans: dict[int, Plan] = {}  # the pointers' low 8 bits (their alignment) -> Plan
+    per_thread = threading.local()  # ``ready`` once the thread's context is bound
+    template, empty_like = p.d_template, torch.empty_like
 
     def launch(a, b, c, out):
+        try:
+            per_thread.ready
+        except AttributeError:  # the thread's first call: cuBLASLt needs a current context
+            bind_primary_context(device)
+            per_thread.ready = True
         if not layout:
             layout[:] = (_operand(a, p.m, p.k), _operand(b, p.k, p.n),
                          c is not None and not (_row_major(c, p.m, p.n) if c.dim() == 2
@@ -259,7 +266,7 @@ def bind(p: Problem, config=None) -> Launch:
         if copy_c or a_how is None or b_how is None:
             a, b = a if a_how else a.contiguous(), b if b_how else b.contiguous()
             c = c.contiguous() if copy_c else c
-        d = output(None if through else out)
+        d = empty_like(template) if through or out is None else out
         a_ptr, b_ptr, d_ptr = a.data_ptr(), b.data_ptr(), d.data_ptr()
         c_ptr = 0 if c is None else c.data_ptr()
         low_bits = (a_ptr | b_ptr | c_ptr | d_ptr) & 255

@@ -530,6 +530,10 @@ def bind(p: Problem, config: triton.Config | None = None, record: list | None = 
         if transposed[0]:
             described[1] += "; B copied K-major first (TF32)"
         if not INTERPRETED:
+            # Load the module now, before another thread can launch the kernel: the first
+            # read of CompiledKernel.run sets the launcher before it loads the module, so a
+            # thread reading ``run`` meanwhile would launch with ``function`` still None.
+            kernel.run
             compiled[:] = kernel, grid, make_args
 
     # Triton's own way to ask (its launch asks the same); never asked under the interpreter.

@@ -147,9 +147,10 @@ def test_a_bound_signature_reads_each_calls_operands(backend, c_kind, rng):
 
 @pytest.mark.parametrize("backend", [b.name for b in backends.LADDER])
 def test_one_binding_called_from_several_threads_gives_each_its_own_d(backend, rng):
-    """Threads calling one bound signature at once (the CUDA C launches keep an argument
-    buffer per thread, cublaslt a bias pointer per plan) must each get the D of their own
-    operands."""
+    """Threads calling one bound signature at once must each get the D of their own operands
+    (the CUDA C launches keep an argument buffer per thread, cublaslt sets a bias pointer per
+    plan). Each thread's first CUDA work is a gemm() call: the launches through the driver API
+    must bind the device's context themselves, and Triton's kernel must be loaded already."""
     from concurrent.futures import ThreadPoolExecutor
 
     dtype = backends.BACKENDS[backend].dtypes[0]

@@ -46,6 +46,7 @@ import torch
 
 from profiling.cuda_toolkit import toolkit_include_dirs
 
+from ..context import bind_primary_context
 from ..problem import Problem
 from .sources import SOURCE_DIR, compile_options, declares_dynamic_smem
 from .tma import MAP_BYTES
@@ -229,7 +230,9 @@ class CudaKernel:
         values = [0, 0, 0, 0, m, n, k, ldc, int(p.relu), *([0] if self.tma else [])]
         blob_count = 2 if self.epilogue_maps else 0
         # One argument buffer per thread: a launch writes its pointers there, and the driver
-        # reads them with the GIL released (a thread-local costs less than a lock).
+        # reads them with the GIL released (a thread-local costs less than a lock). A
+        # thread's first launch also binds the device's context to it (the tensor maps'
+        # encoding and cuLaunchKernel need one).
         per_thread = threading.local()
         (gx, gy), (tx, ty) = grid, self.threads
         maps_of = epilogue_maps_of = None
@@ -244,6 +247,11 @@ class CudaKernel:
                                                  runtime.getDevice, driver.launchKernel)
 
         def launch(a, b, c, out):
+            try:
+                args = per_thread.args
+            except AttributeError:  # this thread's first launch of the binding
+                bind_primary_context(device)
+                args = per_thread.args = KernelArgs(values, blobs=blob_count)
             if record is not None:
                 record[0] = tag
             if out is None:
@@ -263,10 +271,6 @@ class CudaKernel:
                               (*pointers[:4], m, n, k, ldc, relu, *pointers[4:]), blobs)
                 return out
             stream = raw_stream(device)
-            try:
-                args = per_thread.args
-            except AttributeError:  # this thread's first launch of the binding
-                args = per_thread.args = KernelArgs(values, blobs=blob_count)
             args.set_pointers(pointers)
             if blobs:
                 args.set_blobs(blobs)
