@@ -14,7 +14,7 @@ def bind_primary_context(device: int) -> None:
     so a thread whose first CUDA work is a ``gemm()`` call would fail. ``cudaSetDevice``
     binds it (CUDA 12 and later: CUDA Runtime API, "cudaSetDevice"); torch's and CuPy's device
     switches skip that call when the device is already current, so it is made here directly.
-    It is allowed during CUDA-graph capture. Launches call this once per thread and binding.
+    Launches call this once per thread and binding.
     """
     from cupy.cuda import runtime
 
