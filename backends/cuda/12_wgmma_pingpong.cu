@@ -37,7 +37,10 @@
 // and its CTAs take about the cycles of step 10's, but it runs at 82-92% of the best cuBLAS,
 // behind steps 10 and 11 on every shape: the GPU runs it at a lower clock (1.39 against
 // 1.56 GHz of cycles per microsecond at 8192^3), and it reads 1.65x the DRAM bytes of step
-// 10's earlier profile at 4096^3 (its default GROUP_M band is half as tall; GROUP_M 16 was no faster in its tune).
+// 10's earlier profile at 4096^3 (its default GROUP_M band is half as tall; GROUP_M 16 was
+// no faster in its tune). Under sustained load it draws the 700 W limit as they do, at
+// 1305-1320 against 1455-1500 MHz with as much work per cycle
+// (bench/results/h200-clocks-power-pingpong/): more energy per FLOP, paid in clock.
 // References: CUTLASS's sm90 "KernelTmaWarpSpecializedPingpong" (math warpgroups alternating
 // over tiles, its ordered barrier between them); PTX ISA, "mbarrier.try_wait.parity"
 // (phase parity); the references of 10_wgmma_persistent.cu.
