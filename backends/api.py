@@ -211,7 +211,7 @@ def _contiguous(launch: Launch, p: Problem, a, b, c, out) -> Launch:
     def copied(a, b, c, out):
         a, b, c = (t.contiguous() if copy else t for t, copy in zip((a, b, c), copies))
         if through:
-            return out.copy_(launch(a, b, c, p.output(None)))
+            return out.copy_(launch(a, b, c, torch.empty_like(p.d_template)))
         return launch(a, b, c, out)
 
     return copied

@@ -45,17 +45,10 @@ class Problem:
         return cls(a.shape[0], b.shape[1], a.shape[1], a.dtype, a.device, kind, relu,
                    allow_tf32)
 
-    def output(self, out: torch.Tensor | None) -> torch.Tensor:
-        """``out``, or a new uninitialised contiguous (M, N) tensor for a kernel to write D
-        into."""
-        if out is None:
-            return torch.empty_like(self.d_template)
-        return out
-
     @functools.cached_property
     def d_template(self) -> torch.Tensor:
         """One element of D's dtype and device seen as (M, N): ``torch.empty_like`` of it is
-        a new contiguous D (what ``output(None)`` returns; hot paths call it inline)."""
+        a new uninitialised contiguous D for a kernel to write into."""
         # empty_like of a view that overlaps itself allocates a contiguous tensor
         # (torch.preserve_format's rule) and skips torch.empty's keyword parsing, a third of
         # an allocation's host time.

@@ -106,6 +106,11 @@ def _warp_tiles(p: dict[str, int]) -> dict[str, int]:
             "THREADS": 32 * (p["BLOCK_M"] // p["WARP_M"]) * max(p["BLOCK_N"] // warp_n, 1)}
 
 
+def _warpgroup_threads(params: dict[str, int]) -> dict[str, int]:
+    """THREADS of a wgmma tile: one producer warpgroup and BLOCK_M / 64 consumer warpgroups."""
+    return {"THREADS": 128 * (1 + params["BLOCK_M"] // 64)}
+
+
 # The CUDA C rungs, in ladder order: name, the technique it adds, and its kernel (source file,
 # kernel, default compile-time tile sizes, the space gemmlab tune searches). Each space holds
 # the kernel's defaults (the tests check it), so the default is a candidate too.
@@ -164,10 +169,9 @@ _CUDA_RUNGS: tuple[tuple[str, str, CudaKernel], ...] = (
                 {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "STAGES": 4, "GROUP_M": 8,
                  "THREADS": 384},
                 dtypes=(torch.float16, torch.bfloat16), tma=True,
-                # One producer warpgroup and BLOCK_M / 64 consumer warpgroups.
                 space=CudaSpace({"BLOCK_M": (64, 128), "BLOCK_N": (128, 256), "BLOCK_K": (64,),
                                  "STAGES": (3, 4, 5), "GROUP_M": (8, 16)},
-                                lambda p: {"THREADS": 128 * (1 + p["BLOCK_M"] // 64)}))),
+                                _warpgroup_threads))),
     ("cuda_wgmma_persistent", "cuda_wgmma persistent: one CTA per SM loops over the tiles, "
      "D leaves through shared memory by TMA bulk copies while the next tile computes (sm_90a)",
      CudaKernel("10_wgmma_persistent.cu", "gemm_wgmma_persistent",
@@ -179,7 +183,7 @@ _CUDA_RUNGS: tuple[tuple[str, str, CudaKernel], ...] = (
                 # 128 x 256 it holds half a tile row (EPILOGUE_N, derived in the .cu).
                 space=CudaSpace({"BLOCK_M": (64, 128), "BLOCK_N": (128, 256), "BLOCK_K": (64,),
                                  "STAGES": (2, 3, 4, 5), "GROUP_M": (8, 16)},
-                                lambda p: {"THREADS": 128 * (1 + p["BLOCK_M"] // 64)}))),
+                                _warpgroup_threads))),
     ("cuda_wgmma_cluster", "cuda_wgmma_persistent in 2-CTA clusters: each CTA loads half of the "
      "shared B tile and TMA multicast writes it into both (sm_90a)",
      CudaKernel("11_wgmma_cluster.cu", "gemm_wgmma_cluster",
@@ -189,7 +193,7 @@ _CUDA_RUNGS: tuple[tuple[str, str, CudaKernel], ...] = (
                 epilogue_maps=True,
                 space=CudaSpace({"BLOCK_M": (64, 128), "BLOCK_N": (128, 256), "BLOCK_K": (64,),
                                  "STAGES": (2, 3, 4, 5), "GROUP_M": (8, 16), "CLUSTER_M": (2,)},
-                                lambda p: {"THREADS": 128 * (1 + p["BLOCK_M"] // 64)}))),
+                                _warpgroup_threads))),
     ("cuda_wgmma_pingpong", "cuda_wgmma_cluster with its two consumer warpgroups taking turns "
      "on 64-row tiles: one's epilogue runs during the other's mainloop (sm_90a)",
      CudaKernel("12_wgmma_pingpong.cu", "gemm_wgmma_pingpong",

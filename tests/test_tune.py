@@ -442,14 +442,7 @@ def test_the_tables_entry_is_timed_in_the_same_run(table, launches, monkeypatch,
                        **OUTSIDE_SPACE)], table)
     (old_entry,) = tuning.load(table).entries
 
-    def fake_kernel_ms(fn, device, **timing):
-        fn()
-        config = launches[-1]
-        if config is None:
-            return 2.0  # the default
-        return table_ms if config.kwargs["GROUP_M"] == 8 else 1.0
-
-    monkeypatch.setattr(tune, "kernel_ms", fake_kernel_ms)
+    monkeypatch.setattr(tune, "kernel_ms", _entry_clock(launches, 2.0, table_ms, 1.0))
     (row,) = tune.run_tune(["triton_fused"], [(40, 24, 32)], ["fp32"], DEVICE, out=table)
     assert row["table_ms"] == table_ms and row["best_ms"] == 1.0
     assert row["table_tflops"] == pytest.approx(FLOP_40_24_32 / (table_ms * 1e-3) / 1e12)
@@ -598,14 +591,7 @@ def test_a_table_entry_slower_than_the_default_is_removed(table, launches, monke
     tuning.save([entry(gpu="cpu", dtype="fp32", bucket=(64, 32, 32), **OUTSIDE_SPACE), other],
                 table)
 
-    def clock(fn, device, **timing):
-        fn()
-        config = launches[-1]
-        if config is None:
-            return 1.0  # the default
-        return table_ms if config.kwargs["GROUP_M"] == 8 else 2.0
-
-    monkeypatch.setattr(tune, "kernel_ms", clock)
+    monkeypatch.setattr(tune, "kernel_ms", _entry_clock(launches, 1.0, table_ms, 2.0))
     (row,) = tune.run_tune(["triton_fused"], [(40, 24, 32)], ["fp32"], DEVICE, out=table)
     assert row["default_ms"] == 1.0 and row["table_ms"] == table_ms and not row["stored"]
     left = tuning.load(table)
@@ -650,6 +636,21 @@ def test_the_defaults_own_configuration_is_never_stored(table, launches, monkeyp
     assert row["note"] == ("the best candidate is the default configuration: not stored, and "
                            "the table's entry for this bucket removed")
     assert tuning.load(table).get("triton_fused", "cpu", "fp32", 40, 24, 32) is None
+
+
+def _entry_clock(launches, default_ms, table_ms, candidate_ms):
+    """A clock for ``tune.kernel_ms``: ``default_ms`` when the default configuration ran (the
+    latest of ``launches``, the fixture, is None), ``table_ms`` for the table's entry
+    (``OUTSIDE_SPACE``, the only GROUP_M 8 config) and ``candidate_ms`` for every
+    candidate."""
+    def clock(fn, device, **timing):
+        fn()
+        config = launches[-1]
+        if config is None:
+            return default_ms
+        return table_ms if config.kwargs["GROUP_M"] == 8 else candidate_ms
+
+    return clock
 
 
 def _default_reports(default_ms, launches, kernel_ms=tune.kernel_ms):
