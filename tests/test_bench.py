@@ -139,6 +139,14 @@ def test_ratios_are_within_one_shape_and_dtype_against_the_faster_cublas():
                                                             None]
 
 
+def test_the_best_cublas_row_is_exactly_100_percent_of_itself():
+    # 100 * ms / ms rounds to 100.00000000000001 for this ms; the ratio must come first.
+    ms = 0.7000000000000001
+    rows = [dict(backend="cublas", dtype="fp32", epilogue="relu_c", M=8, N=8, K=8, ms=ms)]
+    gb.add_ratios(rows)
+    assert rows[0]["pct_best_cublas"] == 100
+
+
 def test_rounds_below_one_are_refused():
     result = gemmlab("bench", "--rounds", "0")
     assert result.returncode == 2
