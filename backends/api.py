@@ -146,6 +146,20 @@ def gemm(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None, *,
         nvtx.pop()
 
 
+def bind_launch(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None, *,
+                activation: str | None = None, backend: str = "triton_fused",
+                out: torch.Tensor | None = None, allow_tf32: bool = False,
+                tuned: bool = True) -> Launch:
+    """The launch ``gemm()`` binds for this call's signature, bound anew: every check of
+    ``gemm()`` runs once, here, and the result is called as ``launch(a, b, c, out)`` with
+    nothing between the caller and the backend. For measurements: ``gemmlab bench
+    --overhead`` times it beside ``gemm()`` to split what ``gemm()`` adds into its own look-up
+    and the launch's. The launch checks nothing, so it must be called only with tensors of
+    the signature it was bound for (shapes, strides, dtype, device; its backend's
+    alignment). Arguments, errors raised: as ``gemm()``'s."""
+    return _bind(a, b, c, activation, backend, out, allow_tf32, tuned).launch
+
+
 # Bindings kept: per head (the arguments, grad mode, which of C and out are given and the
 # pointers' misalignment), a list of (signature guard of the tensors given, Plan), most
 # recent first. Past MAX_PLANS in all the cache starts again (a program with unboundedly

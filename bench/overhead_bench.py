@@ -15,6 +15,11 @@ a NaN-poisoned output:
   launch of the compiled kernel for triton_fused.
 - ``gemm_us``: ``backends.gemm(a, b, c, activation="relu", backend=...)``, tuned (the
   default), after its first call has bound the signature.
+- ``launch_us``: the launch ``gemm()`` binds for that signature, called directly
+  (``backends.api.bind_launch``); ``front_us``, the median over rounds of gemm() minus it, is
+  what ``gemm()``'s own per-call code costs (its binding look-up, the overlap check, the NVTX
+  switch), and ``closure_us``, the median of it minus the wrapped call, what the bound launch
+  costs over the library call it makes.
 - ``untuned_us``: the same with ``tuned=False``; ``tuned_us``, the median over rounds of
   gemm() minus untuned, is what the tuned-table lookup adds per call.
 - ``added_us``: what ``gemm()`` adds (its checks, its binding look-up, the NVTX range): the
@@ -23,7 +28,7 @@ a NaN-poisoned output:
   loops (a shared machine) shows as a wide range: a target inside it is within the noise.
 - ``signature_guard``: which guard found the binding (``backends.signature``).
 
-Each figure is host time: the median over ``rounds`` rounds (the three calls taking turns,
+Each figure is host time: the median over ``rounds`` rounds (the four calls taking turns,
 in an order rotated each round) of ``timeit`` loops of ``number`` back-to-back calls,
 divided by ``number``, with the GPU synchronized between loops. The GPU runs each tiny
 kernel faster than the host issues it, so the loop measures the host.
@@ -39,6 +44,7 @@ import torch
 
 import backends
 from backends import signature
+from backends.api import bind_launch
 from backends.dtypes import DTYPES
 from backends.problem import Problem
 from backends.registry import CUDA_KERNELS
@@ -166,7 +172,8 @@ def measure(name: str, dtype_name: str, device: torch.device, shape=SHAPE, *, ro
     impl = backends.BACKENDS[name]
     row = {"backend": name, "dtype": dtype_name, "M": m, "N": n, "K": k, "number": number,
            "rounds": rounds, "wrapped_us": None, "gemm_us": None, "untuned_us": None,
-           "added_us": None, "tuned_us": None, "ok": False, "error": "",
+           "launch_us": None, "added_us": None, "front_us": None, "closure_us": None,
+           "tuned_us": None, "ok": False, "error": "",
            "signature_guard": signature.implementation()}
 
     def gemm(tuned: bool):
@@ -176,6 +183,8 @@ def measure(name: str, dtype_name: str, device: torch.device, shape=SHAPE, *, ro
     calls = {"gemm_us": gemm(True), "untuned_us": gemm(False)}
     try:
         calls["wrapped_us"] = _wrapped(name, p, a, b, c, d)
+        launch = bind_launch(a, b, c, activation="relu", backend=name, allow_tf32=tf32)
+        calls["launch_us"] = lambda: launch(a, b, c, None)
         for label, call in calls.items():
             err = backends.relative_error(call(), ref)
             if not err <= tol:
@@ -194,10 +203,16 @@ def measure(name: str, dtype_name: str, device: torch.device, shape=SHAPE, *, ro
     added = [g - w for g, w in zip(samples["gemm_us"], samples["wrapped_us"])]
     row["added_us"] = statistics.median(added)
     row["added_iqr_us"] = _quartiles(added)
+    row["front_us"] = _median_difference(samples, "gemm_us", "launch_us")
+    row["closure_us"] = _median_difference(samples, "launch_us", "wrapped_us")
     if impl.pin is not None:
-        row["tuned_us"] = statistics.median(
-            g - u for g, u in zip(samples["gemm_us"], samples["untuned_us"]))
+        row["tuned_us"] = _median_difference(samples, "gemm_us", "untuned_us")
     return row
+
+
+def _median_difference(samples: dict[str, list[float]], minuend: str, subtrahend: str) -> float:
+    """The median over rounds of each round's ``minuend`` loop minus its ``subtrahend`` loop."""
+    return statistics.median(x - y for x, y in zip(samples[minuend], samples[subtrahend]))
 
 
 def _quartiles(values: list[float]) -> list[float]:

@@ -159,19 +159,22 @@ def launch_table(directory: str, data: dict) -> str:
 
 
 def overhead_table(directory: str, data: dict) -> str:
-    """What ``gemm()`` adds over the wrapped library call, per backend."""
+    """What ``gemm()`` adds over the wrapped library call, per backend; split into its front
+    and the bound launch's part where the run timed the bound launch (``front_us``)."""
+    split = any(r.get("front_us") is not None for r in data["rows"])
+    keys = ("wrapped_us", "gemm_us", "front_us", "closure_us", "tuned_us") if split else (
+        "wrapped_us", "gemm_us", "tuned_us")
     body = []
     for r in data["rows"]:
-        keys = ("wrapped_us", "gemm_us", "tuned_us")
         if r["ok"]:
             values = ["-" if r.get(k) is None else f"{r[k]:.1f}" for k in keys]
             values.insert(2, added_text(r))
         else:
-            values = ["FAIL", "-", "-", "-"]
+            values = ["FAIL"] + ["-"] * len(keys)
         body.append([f"`{r['backend']}`", r["dtype"], _shape(r), *values])
-    header = ["backend", "dtype", "shape", "wrapped call µs", "gemm() µs",
-              "added µs (quartiles)", "tuned look-up µs"]
-    return (_table(header, "lllrrrr", body) + "\n\n"
+    header = ["backend", "dtype", "shape", "wrapped call µs", "gemm() µs", "added µs (quartiles)",
+              *(["front µs", "launch − wrapped µs"] if split else []), "tuned look-up µs"]
+    return (_table(header, "lll" + "r" * (len(header) - 3), body) + "\n\n"
             + _provenance(directory, data.get("meta", {})))
 
 

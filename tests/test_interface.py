@@ -251,6 +251,19 @@ def test_one_tensor_in_several_places_binds_once(backend, rng):
     assert api._plan_count[0] == bound
 
 
+@pytest.mark.parametrize("backend", RUNNING)
+def test_bind_launch_checks_once_and_launches_what_gemm_launches(backend, rng):
+    from backends.api import bind_launch
+
+    a, b, c = random_inputs(5, 7, 9, generator=rng, **ON[backend])
+    launch = bind_launch(a, b, c, activation="relu", backend=backend)
+    d = launch(a, b, c, None)
+    assert_matches_reference(d, a, b, c, "relu")
+    assert torch.equal(d, gemm(a, b, c, activation="relu", backend=backend))
+    with pytest.raises(ValueError, match=r"C must be \(5, 7\)"):
+        bind_launch(a, b, c[:, :3], backend=backend)
+
+
 def test_every_call_runs_in_an_nvtx_range_named_after_the_backend(monkeypatch, rng):
     import profiling.nvtx
 

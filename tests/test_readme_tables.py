@@ -127,6 +127,26 @@ def test_overhead_table(tmp_path):
     ]
 
 
+def test_overhead_table_splits_added_where_the_run_timed_the_bound_launch(tmp_path):
+    rows = [
+        {"backend": "cuda_mma", "dtype": "fp16", "M": 32, "N": 32, "K": 32, "wrapped_us": 7.04,
+         "gemm_us": 9.26, "untuned_us": 9.2, "launch_us": 7.3, "added_us": 2.22,
+         "added_iqr_us": [1.96, 2.54], "front_us": 1.94, "closure_us": 0.26, "tuned_us": 0.06,
+         "ok": True, "error": ""},
+        {"backend": "cutlass", "dtype": "fp32", "M": 32, "N": 32, "K": 32, "wrapped_us": None,
+         "gemm_us": None, "untuned_us": None, "launch_us": None, "added_us": None,
+         "front_us": None, "closure_us": None, "tuned_us": None, "ok": False, "error": "boom"},
+    ]
+    d = write(tmp_path, "overhead", rows)
+    assert rt.render("overhead", d).split("\n")[:4] == [
+        "| backend | dtype | shape | wrapped call µs | gemm() µs | added µs (quartiles) "
+        "| front µs | launch − wrapped µs | tuned look-up µs |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| `cuda_mma` | fp16 | 32³ | 7.0 | 9.3 | 2.2 (2.0-2.5) | 1.9 | 0.3 | 0.1 |",
+        "| `cutlass` | fp32 | 32³ | FAIL | - | - | - | - | - |",
+    ]
+
+
 def test_study_table_marks_fail_points(tmp_path):
     point = {"workload": "mlp", "mode": "strong", "backend": "cublas", "comm": "nccl", "P": 2,
              "ok": True, "tflops_per_gpu": 512.34, "step_ms": 1.2345, "comm_share": 0.314,

@@ -102,7 +102,9 @@ def test_overhead_benchmark_end_to_end_on_cpu(tmp_path):
     for r in rows:
         assert r["ok"] and (r["M"], r["N"], r["K"]) == (16, 16, 16)
         assert r["wrapped_us"] > 0 and r["gemm_us"] > 0 and r["untuned_us"] > 0
-        assert isinstance(r["added_us"], float)  # its value: the fake clock's test below
+        assert r["launch_us"] > 0
+        # their values: the fake clock's test below
+        assert all(isinstance(r[k], float) for k in ("added_us", "front_us", "closure_us"))
     assert rows[0]["tuned_us"] is None  # cublas has nothing to tune
     assert isinstance(rows[2]["tuned_us"], float)
     assert (tmp_path / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -111,9 +113,9 @@ def test_overhead_benchmark_end_to_end_on_cpu(tmp_path):
 @pytest.mark.parametrize("name", ["cublas", "triton_fused"])
 def test_overhead_figures_come_from_the_timed_calls(monkeypatch, name):
     """A fake clock that runs each timed function once, sees which call it was (the wrapped
-    call, gemm() tuned, gemm() untuned) and reports that call's next time: the probe (one
-    call each), then three rounds. The medians, the loop size and the differences are then
-    known in advance."""
+    call, gemm() tuned, gemm() untuned, the bound launch) and reports that call's next time:
+    the probe (one call each), then three rounds. The medians, the loop size and the
+    differences are then known in advance."""
     import backends
 
     seen = []
@@ -133,9 +135,19 @@ def test_overhead_figures_come_from_the_timed_calls(monkeypatch, name):
             return call()
         return tagged
 
-    #             probe, then the rounds (median: wrapped 2, gemm 7, untuned 6)
+    bind_launch = overhead_bench.bind_launch
+
+    def spy_bind_launch(*args, **kwargs):
+        launch = bind_launch(*args, **kwargs)
+
+        def tagged(*launch_args):
+            seen.append("launch")
+            return launch(*launch_args)
+        return tagged
+
+    #     probe, then the rounds (median: wrapped 2, gemm 7, untuned 6, launch 2.5)
     times = {"wrapped": iter([40.0, 3.0, 1.0, 2.0]), "gemm": iter([100.0, 9.0, 5.0, 7.0]),
-             "untuned": iter([20.0, 6.0, 4.0, 8.0])}
+             "untuned": iter([20.0, 6.0, 4.0, 8.0]), "launch": iter([30.0, 4.0, 2.0, 2.5])}
     loops = []
 
     def fake_host_us(fn, number, device):
@@ -145,20 +157,24 @@ def test_overhead_figures_come_from_the_timed_calls(monkeypatch, name):
 
     monkeypatch.setattr(backends, "gemm", spy_gemm)
     monkeypatch.setattr(overhead_bench, "_wrapped", spy_wrapped)
+    monkeypatch.setattr(overhead_bench, "bind_launch", spy_bind_launch)
     monkeypatch.setattr(overhead_bench, "_host_us", fake_host_us)
     device = torch.device("cuda" if HAS_GPU else "cpu")
     row = overhead_bench.measure(name, "fp32", device, (8, 8, 8), rounds=3, number=200)
     assert row["ok"], row["error"]
     # The slowest probe took 100 µs: loops of 200 * 50 / 100 = 100 calls.
     # The rounds' order rotates: no call always runs first.
-    assert loops == [("gemm", 1), ("untuned", 1), ("wrapped", 1)] + [
-        ("gemm", 100), ("untuned", 100), ("wrapped", 100),
-        ("untuned", 100), ("wrapped", 100), ("gemm", 100),
-        ("wrapped", 100), ("gemm", 100), ("untuned", 100)]
+    assert loops == [("gemm", 1), ("untuned", 1), ("wrapped", 1), ("launch", 1)] + [
+        ("gemm", 100), ("untuned", 100), ("wrapped", 100), ("launch", 100),
+        ("untuned", 100), ("wrapped", 100), ("launch", 100), ("gemm", 100),
+        ("wrapped", 100), ("launch", 100), ("gemm", 100), ("untuned", 100)]
     assert row["number"] == 100
-    assert (row["wrapped_us"], row["gemm_us"], row["untuned_us"]) == (2.0, 7.0, 6.0)
+    assert (row["wrapped_us"], row["gemm_us"], row["untuned_us"], row["launch_us"]) == (
+        2.0, 7.0, 6.0, 2.5)
     # added: the median of the rounds' differences (6, 4, 5), quartiles inclusive.
     assert row["added_us"] == 5.0 and row["added_iqr_us"] == [4.5, 5.5]
+    # front: gemm() - launch per round (5, 3, 4.5); closure: launch - wrapped (1, 1, 0.5).
+    assert row["front_us"] == 4.5 and row["closure_us"] == 1.0
     assert row["tuned_us"] == (1.0 if name == "triton_fused" else None)  # cublas: nothing tuned
 
 
@@ -170,6 +186,16 @@ def test_overhead_rows_fail_when_a_call_is_wrong(monkeypatch):
                                  number=1)
     assert not row["ok"] and row["gemm_us"] is None
     assert "wrapped call: relative error" in row["error"]
+
+
+def test_overhead_rows_fail_when_the_bound_launch_is_wrong(monkeypatch):
+    def wrong(a, b, c, **kwargs):
+        return lambda a, b, c, out: torch.full((a.shape[0], b.shape[1]), float("nan"))
+    monkeypatch.setattr(overhead_bench, "bind_launch", wrong)
+    row = overhead_bench.measure("cublas", "fp32", torch.device("cpu"), (8, 8, 8), rounds=1,
+                                 number=1)
+    assert not row["ok"] and row["launch_us"] is None and row["front_us"] is None
+    assert "launch call: relative error" in row["error"]
 
 
 def test_targets_missed_names_each_target():
