@@ -199,7 +199,7 @@ def check_comm(name: str, dtype_name: str, device_type: str) -> None:
 
 # Communicators whose GPU collectives are enqueued on streams (no host step inside), so a CUDA
 # graph can capture them; mpi and ring/mpi move data from the host.
-GRAPHED_COMMS = ("nccl", "symm", "ring", "ring/nccl")
+GRAPHED_COMMS = ("nccl", "symm", "symm/one-shot", "symm/two-shot", "ring", "ring/nccl")
 
 
 def check_cuda_graph(device_type: str, comm: str) -> None:

@@ -250,6 +250,45 @@ def test_gemmlab_comm_sweeps_symm_on_cpu(tmp_path):
         assert row["ok"] and row["wrong"] == 0 and row["ranks"] == 2 and row["time_us"] > 0
 
 
+@needs_mpi
+def test_gemmlab_comm_sweeps_both_symm_all_reduce_algorithms_at_every_size(tmp_path):
+    """The crossover's measurement: symm/one-shot and symm/two-shot on both sides of the
+    default 256 KiB limit and above the heap, every call checked."""
+    result = mpirun(2, "-m", "bench.cli", "comm", "--device", "cpu", "-b", "1K", "-e", "9M",
+                    "-f", "96", "-n", "2", "-w", "1", "-c", "1", "--op", "all_reduce",
+                    "--comm", "symm/one-shot,symm/two-shot", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert {(r["backend"], r["bytes"]) for r in rows} == {
+        (name, size) for name in ("symm/one-shot", "symm/two-shot")
+        for size in (1024, 96 << 10, 9 << 20)}
+    assert all(r["ok"] and r["wrong"] == 0 and r["time_us"] > 0 for r in rows)
+
+
+@pytest.mark.parametrize("name,path", [("symm", "one_shot"), ("symm/one-shot", "one_shot"),
+                                       ("symm/two-shot", "two_shot")])
+def test_each_symm_name_takes_its_all_reduce_algorithm(name, path):
+    """In-process, one rank: which algorithm an all_reduce of 1 KiB and of 1 MiB (above the
+    default limit) runs, by the communicator's name."""
+    import tp.comm
+
+    comm = tp.comm.create(name, None, "cpu")
+    try:
+        assert comm.name == name
+        taken = []
+        for algorithm in ("one_shot", "two_shot"):
+            method = getattr(comm, f"_{algorithm}")
+            setattr(comm, f"_{algorithm}", lambda src, dst, a=algorithm, m=method: (
+                taken.append(a), m(src, dst)))
+        for count in (256, 1 << 18):
+            x = torch.arange(count, dtype=torch.float32)
+            assert torch.equal(comm.all_reduce(x.clone()), x)  # one rank: the sum is x
+        expected = {"symm": ["one_shot", "two_shot"]}.get(name, [path, path])
+        assert taken == expected
+    finally:
+        comm.close()
+
+
 def test_gemmlab_comm_sweeps_symm_by_default():
     from bench.commands.comm import default_comms
 
@@ -280,7 +319,7 @@ def test_gemmlab_comm_takes_the_long_options_and_the_short_dtype_names(tmp_path)
     (("--op", "all_reduce,scan"), "error: unknown op scan; known: all_reduce, all_gather, "
                                   "reduce_scatter, all_to_all, broadcast"),
     (("--comm", "mpi,gloo"), "error: unknown communicator gloo; known: mpi, ring, ring/mpi, "
-                             "ring/nccl, nccl, symm, nccl_direct"),
+                             "ring/nccl, nccl, symm, symm/one-shot, symm/two-shot, nccl_direct"),
     (("--dtype", "float32"), "error: unknown dtype float32; known: fp32, fp64, fp16, bf16, "
                              "int32, int64"),
     (("--comm", "nccl"), "error: --comm nccl needs GPUs (--device cuda)"),

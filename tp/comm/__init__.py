@@ -10,6 +10,9 @@
                shared-memory window on the CPU, CUDA IPC buffers on the GPU (one node)
 =============  =====================================================================
 
+``symm/one-shot`` and ``symm/two-shot`` are ``symm`` with its all_reduce held to one algorithm
+at every size, to measure the crossover (``symm.ONE_SHOT_MAX_BYTES``) with ``gemmlab comm``.
+
 ``ring`` picks ``ring/nccl`` for a CUDA device and ``ring/mpi`` otherwise; ``symm`` picks its
 heap by the device the same way.
 """
@@ -20,7 +23,8 @@ import torch
 
 from .base import Communicator, Work
 
-BACKENDS = ("mpi", "ring", "ring/mpi", "ring/nccl", "nccl", "symm")
+SYMM = ("symm", "symm/one-shot", "symm/two-shot")
+BACKENDS = ("mpi", "ring", "ring/mpi", "ring/nccl", "nccl", *SYMM)
 
 
 def create(name: str, comm=None, device: torch.device | str = "cpu", *,
@@ -36,7 +40,8 @@ def create(name: str, comm=None, device: torch.device | str = "cpu", *,
 
     Raises:
         ValueError: unknown name (the message lists the known ones), an NCCL backend
-            asked for a CPU device, or ``symm`` over ranks on more than one node.
+            asked for a CPU device, or a ``symm`` communicator over ranks on more than one
+            node.
         RuntimeError: NCCL (or, for ``symm`` on a GPU, CuPy) cannot be used on this machine
             (the reason is given).
     """
@@ -45,7 +50,7 @@ def create(name: str, comm=None, device: torch.device | str = "cpu", *,
     from .mpi_backend import MpiCommunicator
     from .nccl_backend import NcclCommunicator, create_nccl_comm
     from .ring import RingCommunicator
-    from .symm import SymmCommunicator
+    from .symm import VARIANTS, SymmCommunicator
     from .symm_heap import ipc_unavailable_reason, open_heap
     from .transport import MpiTransport, NcclTransport
 
@@ -55,8 +60,8 @@ def create(name: str, comm=None, device: torch.device | str = "cpu", *,
         name = "ring/nccl" if device.type == "cuda" else "ring/mpi"
     if name in ("nccl", "ring/nccl") and device.type != "cuda":
         raise ValueError(f"{name} needs a CUDA device; got {device}")
-    if name == "symm" and device.type == "cuda" and (why := ipc_unavailable_reason()):
-        raise RuntimeError(f"symm: {why}")  # before asking torch for the current device
+    if name in SYMM and device.type == "cuda" and (why := ipc_unavailable_reason()):
+        raise RuntimeError(f"{name}: {why}")  # before asking torch for the current device
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     if name == "mpi":
@@ -68,8 +73,8 @@ def create(name: str, comm=None, device: torch.device | str = "cpu", *,
                                                       comm.Get_rank(), comm.Get_size()))
     elif name == "nccl":
         communicator = NcclCommunicator(comm, device)
-    elif name == "symm":
-        communicator = SymmCommunicator(comm, open_heap(comm, device))
+    elif name in SYMM:
+        communicator = SymmCommunicator(comm, open_heap(comm, device), VARIANTS[name], name)
     else:
         raise ValueError(f"unknown communicator {name!r}; known: {', '.join(BACKENDS)}")
     if check:
@@ -99,7 +104,7 @@ def reduce_dtypes(name: str, device_type: str = "cpu") -> tuple[torch.dtype, ...
         from .ring import RingCommunicator
 
         return RingCommunicator.reduce_dtypes
-    if name == "symm":
+    if name in SYMM:
         from .symm import SymmCommunicator
 
         return SymmCommunicator.reduce_dtypes

@@ -55,10 +55,15 @@ from .ring import chunk_bounds
 from .transport import P2P_TAG, MpiTransport
 
 # all_reduce is one-shot up to this many bytes and two-shot above. A default, to be set from
-# measurement (``gemmlab comm --comm symm`` over sizes, on each machine): nothing here has been
-# timed on a GPU yet. For scale, vLLM's CustomAllreduce::allreduce stays 1-stage below 512 KiB
-# on up to 4 fully connected GPUs and below 256 KiB on up to 8 (always on 2).
+# measurement (``gemmlab comm --comm symm/one-shot,symm/two-shot --op all_reduce`` over sizes,
+# on each machine); not yet measured on GPUs. For scale, vLLM's CustomAllreduce::allreduce
+# stays 1-stage below 512 KiB on up to 4 fully connected GPUs and below 256 KiB on up to 8
+# (always on 2).
 ONE_SHOT_MAX_BYTES = 256 << 10
+# The communicator names of symm, each with its all_reduce crossover: ``symm`` switches at
+# ONE_SHOT_MAX_BYTES; the other two hold one algorithm at every size (-1: even an empty
+# tensor goes two-shot), so one ``gemmlab comm`` sweep of both measures where they cross.
+VARIANTS = {"symm": ONE_SHOT_MAX_BYTES, "symm/one-shot": 1 << 62, "symm/two-shot": -1}
 _WIDENED = (torch.float16, torch.bfloat16)  # summed in fp32, rounded once
 _MAX_ITEMSIZE = 16  # complex128: every piece holds at least one element per rank
 
@@ -101,11 +106,11 @@ class SymmCommunicator(Communicator):
     integer dtype works (``reduce_dtypes`` None).
     """
 
-    name = "symm"
-
-    def __init__(self, comm, heap, one_shot_max_bytes: int = ONE_SHOT_MAX_BYTES):
+    def __init__(self, comm, heap, one_shot_max_bytes: int = ONE_SHOT_MAX_BYTES,
+                 name: str = "symm"):
         """Collective over ``comm`` (duplicated for send/recv); the heap is closed with the
-        communicator. ``one_shot_max_bytes``: all_reduce's crossover (``ONE_SHOT_MAX_BYTES``).
+        communicator. ``one_shot_max_bytes``: all_reduce's crossover (``ONE_SHOT_MAX_BYTES``);
+        ``name``: what it is called (``VARIANTS`` names the fixed-algorithm ones).
 
         Raises:
             ValueError: a heap too small to hold one 16-byte element per rank in a piece
@@ -121,6 +126,7 @@ class SymmCommunicator(Communicator):
         self.stream_ordered = heap.stream_ordered
         self.devices = heap.devices
         self.one_shot_max_bytes = one_shot_max_bytes
+        self.name = name
 
     def close(self) -> None:
         """As ``Communicator.close``, then free the heap and the send/recv communicator
