@@ -22,8 +22,9 @@ from __future__ import annotations
 import torch
 
 from .base import Communicator, Work
+from .symm import VARIANTS
 
-SYMM = ("symm", "symm/one-shot", "symm/two-shot")
+SYMM = tuple(VARIANTS)  # symm and its fixed-algorithm variants
 BACKENDS = ("mpi", "ring", "ring/mpi", "ring/nccl", "nccl", *SYMM)
 
 
@@ -50,7 +51,7 @@ def create(name: str, comm=None, device: torch.device | str = "cpu", *,
     from .mpi_backend import MpiCommunicator
     from .nccl_backend import NcclCommunicator, create_nccl_comm
     from .ring import RingCommunicator
-    from .symm import VARIANTS, SymmCommunicator
+    from .symm import SymmCommunicator
     from .symm_heap import ipc_unavailable_reason, open_heap
     from .transport import MpiTransport, NcclTransport
 
