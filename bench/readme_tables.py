@@ -61,9 +61,14 @@ def _commit(meta: dict) -> str:
     """The commit a run names: ``git_commit``'s first 7 characters, marked dirty with the diff's
     hash (or, in files written before ``git_dirty`` existed, by a ``-dirty`` suffix); the
     ``declared_commit`` of a copied tree first when there is one, marked unverified, with the
-    copy's own HEAD when git found a different one there."""
+    copy's own HEAD when git found a different one there. A copy whose own git found the
+    declared commit as HEAD, and said whether the tree differs from it, is verified: it is
+    named as a repository's run is."""
     commit, declared = meta.get("git_commit"), meta.get("declared_commit")
-    if declared is not None:
+    verified = (declared is not None and commit is not None
+                and meta.get("git_dirty") in (True, False)
+                and str(commit).startswith(str(declared)))
+    if declared is not None and not verified:
         text = f"declared commit `{str(declared)[:7]}` (a copied tree; not verified"
         if commit is not None and not str(declared).startswith(str(commit)[:7]):
             text += (f"; the copy's own git HEAD, stale: `{str(commit)[:7]}`"

@@ -182,7 +182,11 @@ SHA = "0123456789abcdef0123456789abcdef01234567"
      "declared commit `abcdef0` (a copied tree; not verified; the copy's own git HEAD, stale: "
      "`0123456` with changes)"),
     ({"git_commit": SHA, "declared_commit": SHA}, "declared commit `0123456` (a copied tree; "
-     "not verified)"),
+     "not verified)"),  # files before git_dirty: whether the copy had changes is unknown
+    # The copy's own git found the declared commit as HEAD and said whether the tree differs.
+    ({"git_commit": SHA, "git_dirty": False, "declared_commit": "0123456"}, "commit `0123456`"),
+    ({"git_commit": SHA, "git_dirty": True, "git_diff_sha256": "fedcba9876543210" * 4,
+      "declared_commit": "0123456"}, "commit `0123456` (dirty, diff sha256 fedcba987654)"),
     ({"git_commit": None, "declared_commit": None}, "commit `?`"),
 ])
 def test_table_provenance_names_the_commit_and_its_state(meta, commit):
