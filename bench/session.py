@@ -197,20 +197,20 @@ def check_comm(name: str, dtype_name: str, device_type: str) -> None:
                          + (" or nccl" if device_type == "cuda" else ""))
 
 
-# Communicators whose GPU collectives are enqueued on streams (no host step inside), so a CUDA
-# graph can capture them; mpi and ring/mpi move data from the host.
-GRAPHED_COMMS = ("nccl", "symm", "symm/one-shot", "symm/two-shot", "ring", "ring/nccl")
-
-
 def check_cuda_graph(device_type: str, comm: str) -> None:
     """That ``--cuda-graph`` can capture work on ``device_type`` over communicator ``comm``.
 
     Raises:
         UsageError: not a CUDA device, or a communicator that steps through the host.
     """
-    if device_type != "cuda" or comm not in GRAPHED_COMMS:
+    import tp.comm
+
+    # Their GPU collectives are enqueued on streams (no host step inside), so a CUDA graph
+    # can capture them; mpi and ring/mpi move data from the host.
+    graphed = ("nccl", *tp.comm.SYMM, "ring", "ring/nccl")
+    if device_type != "cuda" or comm not in graphed:
         raise UsageError(f"--cuda-graph needs --device cuda and a stream-ordered communicator "
-                         f"({', '.join(GRAPHED_COMMS)}); got {device_type} and {comm}")
+                         f"({', '.join(graphed)}); got {device_type} and {comm}")
 
 
 def launch_in_order() -> None:
