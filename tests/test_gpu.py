@@ -4,6 +4,7 @@ IEEE fp32 by default, and the limits that raise before a launch. Marked ``gpu``.
 import pytest
 import torch
 from conftest import HAS_GPU, assert_matches_reference, random_inputs
+from test_exact import RECIPES, assert_exact, exact_inputs
 
 import backends
 from backends import gemm, tuning
@@ -67,17 +68,7 @@ def test_persistent_wgmma_loops_over_more_tiles_than_sms(backend, dtype, n, alig
     step 12 four 64-column passes by default (5 stages), one with 4."""
     m, k = 2050, 200
     if stages is not None:
-        kernel = CUDA_KERNELS[backend]
-        config = {**kernel.params, "STAGES": stages}
-        shape = [m, n, k]
-        path = tmp_path / "tuned.json"
-        tuning.save([{"gpu": tuning.device_name(torch.device("cuda")), "backend": backend,
-                      "dtype": tuning.dtype_name(dtype), "bucket": list(tuning.bucket(*shape)),
-                      "config": config, "tflops": 1.0, "ms": 1.0, "default_tflops": 1.0,
-                      "shape": shape, "date": "2026-11-24T00:00:00+00:00",
-                      "git_commit": "test"}], path)
-        monkeypatch.setenv(tuning.ENV_VAR, str(path))
-        tuning.reload()
+        _pin(backend, dtype, (m, n, k), {"STAGES": stages}, tmp_path, monkeypatch)
     a, b, c = random_inputs(m, n, k, dtype, "cuda", c_kind, rng)
     if not aligned_c:
         c = torch.cat([c.new_zeros(1), c.reshape(-1)])[1:].view(c.shape)
@@ -92,6 +83,104 @@ def test_persistent_wgmma_loops_over_more_tiles_than_sms(backend, dtype, n, alig
                 assert f"-DSTAGES={stages}" in backends.BACKENDS[backend].config()
     finally:
         tuning.reload()  # the next test reads its own table
+
+
+def _pin(backend, dtype, shape, params, tmp_path, monkeypatch):
+    """gemm() runs ``backend``'s default build with ``params`` changed for the bucket of
+    ``shape`` (M, N, K) in ``dtype``: a tuned table of that one entry. The caller calls
+    ``tuning.reload()`` when done, so that the next test reads its own table."""
+    config = {**CUDA_KERNELS[backend].params, **params}
+    path = tmp_path / "tuned.json"
+    tuning.save([{"gpu": tuning.device_name(torch.device("cuda")), "backend": backend,
+                  "dtype": tuning.dtype_name(dtype), "bucket": list(tuning.bucket(*shape)),
+                  "config": config, "tflops": 1.0, "ms": 1.0, "default_tflops": 1.0,
+                  "shape": list(shape), "date": "2026-11-24T00:00:00+00:00",
+                  "git_commit": "test"}], path)
+    monkeypatch.setenv(tuning.ENV_VAR, str(path))
+    tuning.reload()
+
+
+# Stream-K on the H200's (and H100's) 132 SMs, 128 x 256 tiles: the whole rounds, then the
+# leftover tiles' k-tiles cut into 132 ranges (or as many as there are k-tiles, if fewer).
+STREAM_K_SHAPES = [
+    (2048, 4096, 520),    # 256 tiles: 124 left over, 9 k-tiles each; ranges of 8-9 k-tiles
+    (2050, 4104, 200),    # ragged M, N, K: 289 tiles, 25 left over, 4 k-tiles each: 100 ranges
+    (256, 512, 999),      # 4 tiles, none whole: 64 ranges of one k-tile, 16 parts per tile
+    (130, 300, 4000),     # 4 tiles of 63 k-tiles: 132 ranges, ~33 parts per tile
+    (4096, 4096, 64),     # 512 tiles of one k-tile: no tile is split
+    (1024, 1024, 8192)]   # 32 tiles of 128 k-tiles: 4-5 parts per tile
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("m,n,k", STREAM_K_SHAPES)
+@pytest.mark.parametrize("c_kind,aligned_out", [("full", True), ("bias", True),
+                                                ("full", False), (None, True)],
+                         ids=["full-c", "bias", "misaligned-out", "no-c"])
+def test_stream_k_shares_the_leftover_tiles_right(dtype, m, n, k, c_kind, aligned_out, rng,
+                                                   tmp_path, monkeypatch):
+    """Step 10 built with STREAM_K: whatever the split (parts of one k-tile or dozens, many
+    CTAs on one tile, CTAs with no range, tiles never split), every D element is checked
+    against float64, D poisoned first; D leaves through the TMA or, one element into its
+    buffer, from registers."""
+    _pin("cuda_wgmma_persistent", dtype, (m, n, k), {"STREAM_K": 1}, tmp_path, monkeypatch)
+    a, b, c = random_inputs(m, n, k, dtype, "cuda", c_kind, rng)
+    buffer = torch.full((m * n + 1,), float("nan"), dtype=dtype, device="cuda")
+    out = (buffer[:m * n] if aligned_out else buffer[1:]).view(m, n)
+    try:
+        for activation in (None, "relu"):
+            out.fill_(float("nan"))
+            gemm(a, b, c, activation=activation, backend="cuda_wgmma_persistent", out=out)
+            assert_matches_reference(out, a, b, c, activation)
+        assert "-DSTREAM_K=1" in backends.BACKENDS["cuda_wgmma_persistent"].config()
+    finally:
+        tuning.reload()
+
+
+@pytest.mark.parametrize("recipe", [RECIPES[1], RECIPES[3]], ids=lambda r: r.id)
+@pytest.mark.parametrize("m,n", [(2048, 4096), (2050, 4104), (256, 512)])
+def test_stream_k_is_exact(recipe, m, n, rng, tmp_path, monkeypatch):
+    """Small-integer inputs (``test_exact``) make every partial sum exact in any order: D
+    split into parts and added back equals float64 bit for bit, so one k-tile lost or added
+    twice fails."""
+    _pin("cuda_wgmma_persistent", recipe.dtype, (m, n, recipe.k), {"STREAM_K": 1}, tmp_path,
+         monkeypatch)
+    a, b, c = exact_inputs(m, n, recipe, "cuda", "full", rng)
+    try:
+        out = torch.full((m, n), float("nan"), dtype=recipe.dtype, device="cuda")
+        gemm(a, b, c, activation="relu", backend="cuda_wgmma_persistent", out=out)
+        assert_exact(out, a, b, c, "relu")
+        assert "-DSTREAM_K=1" in backends.BACKENDS["cuda_wgmma_persistent"].config()
+    finally:
+        tuning.reload()
+
+
+def test_stream_k_replays_in_a_cuda_graph_with_fresh_inputs(rng, tmp_path, monkeypatch):
+    """A captured STREAM_K launch replays its token: each replay must find the flags the
+    previous one consumed reset, and wait for this replay's partial accumulators (a stale
+    flag would let a tile's first part add last replay's). Fresh inputs per replay, each D
+    checked."""
+    m, n, k = 2048, 4096, 1032
+    _pin("cuda_wgmma_persistent", torch.bfloat16, (m, n, k), {"STREAM_K": 1}, tmp_path,
+         monkeypatch)
+    a, b, c = random_inputs(m, n, k, torch.bfloat16, "cuda", "full", rng)
+    try:
+        gemm(a, b, c, activation="relu", backend="cuda_wgmma_persistent")  # binds, compiles
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+            d = gemm(a, b, c, activation="relu", backend="cuda_wgmma_persistent")
+        for _ in range(4):
+            for t, fresh in zip((a, b, c), random_inputs(m, n, k, torch.bfloat16, "cuda",
+                                                          "full", rng)):
+                t.copy_(fresh)
+            d.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            assert_matches_reference(d, a, b, c, "relu")
+        assert "-DSTREAM_K=1" in backends.BACKENDS["cuda_wgmma_persistent"].config()
+    finally:
+        tuning.reload()
 
 
 @pytest.mark.parametrize("backend", ["cuda_mma", "cuda_wgmma", "cuda_wgmma_persistent",

@@ -136,24 +136,68 @@ def test_kernel_args_pass_blobs_by_value_64_byte_aligned():
     assert len(list(KernelArgs([1]).argv)) == 1
 
 
+def test_kernel_args_take_the_stream_k_workspace_and_token_after_the_maps_buffer():
+    """Step 10's parameters before its tensor maps: the four pointers, M, N, K, ldc, relu, the
+    maps' buffer, then the stream-K workspace and token (zeros unless a STREAM_K build
+    launches), which set_pointers writes after the buffer."""
+    import ctypes
+
+    from backends.cuda import KernelArgs
+    from backends.problem import Problem
+    from backends.registry import CUDA_KERNELS
+
+    kernel = CUDA_KERNELS["cuda_wgmma_persistent"]
+    p = Problem(300, 200, 100, torch.float16, torch.device("cpu"), "full", True, False)
+    values = kernel.parameter_values(p)
+    assert values == [0, 0, 0, 0, 300, 200, 100, 200, 1, 0, 0, 0]
+    args = KernelArgs(values, blobs=2)
+    args.set_pointers((11, 12, 13, 14, 15, 16, 17))
+    slots = [ctypes.c_uint64.from_address(a).value for a in list(args.argv)[:12]]
+    assert slots == [11, 12, 13, 14, 300, 200, 100, 200, 1, 15, 16, 17]
+    assert CUDA_KERNELS["cuda_wgmma"].parameter_values(p) == [0, 0, 0, 0, 300, 200, 100, 200,
+                                                              1, 0]
+
+
+def test_stream_k_workspace_fits_the_kernels_layout_and_never_reuses_a_token():
+    """A flag per CTA and consumer warpgroup (padded to 16 bytes), then a BLOCK_M x BLOCK_N
+    fp32 accumulator per CTA; every launch a token of its own, nonzero."""
+    from dataclasses import replace
+
+    from backends.cuda import StreamKWorkspace
+    from backends.registry import CUDA_KERNELS
+
+    kernel = CUDA_KERNELS["cuda_wgmma_persistent"]
+    sk = replace(kernel, params={**kernel.params, "STREAM_K": 1})
+    assert StreamKWorkspace(sk, 132).bytes == 132 * 2 * 8 + 132 * 128 * 256 * 4
+    narrow = replace(sk, params={**sk.params, "BLOCK_M": 64, "BLOCK_N": 128})
+    assert StreamKWorkspace(narrow, 3).bytes == 32 + 3 * 64 * 128 * 4  # 3 flags: 24 -> 32
+    workspace = StreamKWorkspace(sk, 132)
+    launches = [workspace(torch.device("cpu")) for _ in range(5)]
+    tokens = [token for _, token in launches]
+    assert len(set(tokens)) == 5 and all(0 < t < 2**63 for t in tokens)
+    assert all(w.dtype == torch.uint8 and w.numel() == workspace.bytes for w, _ in launches)
+
+
 def test_pycuda_parameter_buffer_follows_the_drivers_layout():
     """The PyCUDA launch writes each parameter where the driver reads it: step 10's layout
-    on sm_90 (ptxas's offsets from its cubin: the 64-byte aligned tensor maps at 0x70 and
-    0xF0, aligned in the constant bank, not in the buffer), zeros between, ints in their own
-    size (two's complement), and refuses a count or a blob size that does not match."""
+    on sm_90 (the tensor maps 64-byte aligned at 0x80 and 0x100 after the stream-K
+    workspace and token), zeros between, ints in their own size (two's complement), and
+    refuses a count or a blob size that does not match."""
     from backends.cuda.pycuda_launch import parameter_buffer
 
     layout = ((0, 8), (8, 8), (16, 8), (24, 8), (32, 4), (36, 4), (40, 4), (48, 8), (56, 4),
-              (64, 8), (0x70, 128), (0xF0, 128))
+              (64, 8), (72, 8), (80, 8), (0x80, 128), (0x100, 128))
     map_d, map_c = bytes(range(128)), bytes(range(128, 256))
-    values = (0x7F00_0000_1000, 2, 3, 4, 1000, 1999, -1, 1999, 1, 0x7F00_0000_2000, map_d, map_c)
+    values = (0x7F00_0000_1000, 2, 3, 4, 1000, 1999, -1, 1999, 1, 0x7F00_0000_2000,
+              0x7F00_0000_3000, 2**62 + 5, map_d, map_c)
     buffer = parameter_buffer(values, layout)
-    assert len(buffer) == 0xF0 + 128
+    assert len(buffer) == 0x100 + 128
     assert buffer[0:8] == (0x7F00_0000_1000).to_bytes(8, "little")
     assert buffer[36:40] == (1999).to_bytes(4, "little") and buffer[40:44] == b"\xff" * 4
-    assert buffer[44:48] == bytes(4) and buffer[72:0x70] == bytes(0x70 - 72)
-    assert buffer[0x70:0xF0] == map_d and buffer[0xF0:] == map_c
-    with pytest.raises(RuntimeError, match="takes 12 parameters; got 11"):
+    assert buffer[80:88] == (2**62 + 5).to_bytes(8, "little")
+    assert buffer[44:48] == bytes(4) and buffer[88:0x80] == bytes(0x80 - 88)
+    assert buffer[0x80:0x100] == map_d and buffer[0x100:] == map_c
+    with pytest.raises(RuntimeError, match="takes 14 parameters; got 13"):
         parameter_buffer(values[:-1], layout)
     with pytest.raises(RuntimeError, match="128-byte parameter got 64 bytes"):
         parameter_buffer((*values[:-1], map_c[:64]), layout)

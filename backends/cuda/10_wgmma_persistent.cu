@@ -76,6 +76,9 @@
 #ifndef PINGPONG
 #define PINGPONG 0  // 1: the consumer warpgroups take turns on whole tiles (step 12)
 #endif
+#ifndef STREAM_K
+#define STREAM_K 0  // 1: the tiles the whole rounds leave are shared out by k-tiles (stream-K)
+#endif
 #ifndef KERNEL
 #define KERNEL gemm_wgmma_persistent
 #endif
@@ -138,6 +141,8 @@ static_assert(!PINGPONG || BLOCK_M == 64, "taking turns, a warpgroup computes a 
 static_assert(BLOCK_N % 128 == 0 && BLOCK_N <= 256, "BLOCK_N: 128 or 256");
 static_assert((EPILOGUE_N == 64 || EPILOGUE_N % 128 == 0) && BLOCK_N % EPILOGUE_N == 0,
               "EPILOGUE_N: 64, or 128-column halves of the tile, dividing BLOCK_N");
+static_assert(!STREAM_K || PASSES == 1,
+              "stream-K: the epilogue in one pass (registers: the later passes' C would spill)");
 static_assert(PASSES == 1 || PASS_SUB == 1,
               "a later pass is one piece (its C held in registers)");
 static_assert(THREADS == 128 * (1 + CONSUMERS), "THREADS: one producer + consumer warpgroups");
@@ -145,6 +150,9 @@ static_assert(STAGES >= 2, "the pipeline needs at least two stages");
 static_assert(SMEM_BYTES <= 227 * 1024, "more shared memory than a block can have on sm_90");
 static_assert(GROUP_M >= 1, "GROUP_M >= 1");
 static_assert(CLUSTER_M == 1 || CLUSTER_M == 2, "CLUSTER_M: 1 or 2 CTAs per cluster");
+static_assert(STREAM_K == 0 || STREAM_K == 1, "STREAM_K: 0 or 1");
+static_assert(!STREAM_K || (CLUSTER_M == 1 && !PINGPONG),
+              "stream-K: one CTA per tile (no cluster), both warpgroups on every tile");
 static_assert(BLOCK_N / 64 % CLUSTER_M == 0, "each CTA of a cluster loads as many B boxes");
 static_assert(CONSUMERS == 1 || 128 * PRODUCER_REGS + 256 * CONSUMER_REGS <=
                                     THREADS * (65536 / THREADS / 8 * 8),
@@ -193,6 +201,93 @@ __device__ __forceinline__ void walk_tile(int tile, int tiles_m, int tiles_n, in
 #else
     grouped_tile_of(tile, tiles_m, tiles_n, GROUP_M, tile_m, tile_n);
 #endif
+}
+
+// A unit of a CTA's work: k-tiles k_begin .. k_end - 1 of entry `tile` of the walk. `part`:
+// WHOLE, or with STREAM_K a part of a tile that several CTAs share: its FIRST_PART (from
+// k-tile 0; that CTA adds the accumulators of the `later` CTAs after it, then runs the
+// epilogue) or a LATER_PART (its accumulator goes to the workspace; no epilogue).
+enum { WHOLE = 0, FIRST_PART = 1, LATER_PART = 2 };
+struct WorkUnit {
+    int tile, k_begin, k_end, part, later;
+};
+
+// The units of one CTA (or one warpgroup taking turns), in order: whole tiles first, first +
+// step, ...; with STREAM_K only the tiles of the whole rounds (tiles - tiles % step of them),
+// then the CTA's share of the rest: their k-tiles laid end to end, cut into as many
+// contiguous, non-empty ranges of near-equal length as there are CTAs (or k-tiles, if fewer),
+// range `first` this CTA's. Each range starts with at most one
+// LATER_PART and ends with at most one FIRST_PART, so a CTA writes at most one partial tile,
+// early in its share, and the CTA that finishes a tile reads the others' late in its own.
+// Stream-K after Osama et al., "Stream-K: Work-centric Parallel Decomposition for Dense
+// Matrix-Matrix Multiplication on the GPU" (PPoPP 2023), in its data-parallel + one stream-K
+// round hybrid; CUTLASS's sm90 stream-K tile scheduler does the same with a fixup workspace.
+struct WorkUnits {
+    int tiles, kt, next_tile, step;
+#if STREAM_K
+    int whole;      // tiles of the whole rounds
+    int t, k;       // where the rest of this CTA's range begins: leftover tile t, k-tile k
+    int remaining;  // k-tiles left in the range
+    int later;      // CTAs after this one whose ranges begin inside the tile this one ends in
+#endif
+    __device__ __forceinline__ WorkUnits(int tiles_, int kt_, int first, int step_)
+        : tiles(tiles_), kt(kt_), next_tile(first), step(step_) {
+#if STREAM_K
+        whole = tiles - tiles % step;
+        const long long left = (long long)(tiles % step) * kt;  // k-tiles of the rest
+        const long long ranges = min((long long)step, left);
+        const long long begin = first < ranges ? left * first / ranges : 0;
+        const long long end = first < ranges ? left * (first + 1) / ranges : 0;
+        t = (int)(begin / kt);
+        k = (int)(begin - (long long)t * kt);
+        remaining = (int)(end - begin);
+        // Range c begins at floor(left c / ranges): it begins before the end of the tile
+        // holding this range's last k-tile when c < ceil(that end x ranges / left).
+        const long long tile_end = (end + kt - 1) / kt * kt;
+        later = left > 0 ? (int)((tile_end * ranges + left - 1) / left) - first - 1 : 0;
+#endif
+    }
+    __device__ __forceinline__ bool next(WorkUnit& u) {
+#if STREAM_K
+        if (next_tile < whole) {
+            u = {next_tile, 0, kt, WHOLE, 0};
+            next_tile += step;
+            return true;
+        }
+        if (remaining <= 0) return false;
+        const int k1 = min(kt, k + remaining);
+        u = {whole + t, k, k1, k > 0 ? LATER_PART : k1 < kt ? FIRST_PART : WHOLE, later};
+        remaining -= k1 - k;
+        ++t;
+        k = 0;
+        return true;
+#else
+        if (next_tile >= tiles) return false;
+        u = {next_tile, 0, kt, WHOLE, 0};
+        next_tile += step;
+        return true;
+#endif
+    }
+};
+
+// The next unit of `units` that runs an epilogue (not a LATER_PART).
+__device__ __forceinline__ bool next_epilogue(WorkUnits& units, WorkUnit& u) {
+    while (units.next(u))
+        if (u.part != LATER_PART) return true;
+    return false;
+}
+
+// The stream-K workspace: per CTA and consumer warpgroup, a flag (the launch's token once its
+// LATER_PART accumulator is written, reset to 0 by the CTA that reads it), then from the next
+// 16 bytes the accumulators (64 x BLOCK_N floats each, float4 q of thread t at q * 128 + t:
+// each warp's stores are 512 contiguous bytes). Sized by the launcher (stream_k_workspace).
+__device__ __forceinline__ void flag_release(unsigned long long* flag, unsigned long long v) {
+    asm volatile("st.release.gpu.global.u64 [%0], %1;\n" :: "l"(flag), "l"(v) : "memory");
+}
+__device__ __forceinline__ unsigned long long flag_acquire(const unsigned long long* flag) {
+    unsigned long long v;
+    asm volatile("ld.acquire.gpu.global.u64 %0, [%1];\n" : "=l"(v) : "l"(flag) : "memory");
+    return v;
 }
 
 // The boxes of a consumer warpgroup's 64 x EPILOGUE_N pass at (m0, n0) that start inside the
@@ -332,7 +427,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) CLUSTER_DIMS
 KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
        const elem_t* __restrict__ C, elem_t* __restrict__ D,
        int M, int N, int K, long long ldc, int relu,
-       const unsigned long long* __restrict__ tmaps,
+       const unsigned long long* __restrict__ tmaps, void* __restrict__ workspace,
+       unsigned long long token,
        const __grid_constant__ TensorMap map_d, const __grid_constant__ TensorMap map_c) {
     extern __shared__ __align__(1024) unsigned char smem[];
     const unsigned base = (smem_u32(smem) + 1023) & ~1023u;
@@ -399,10 +495,11 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
             int s = 0;
             unsigned phase = 0;
             bool refill = false;
-            for (int tile = first_tile; tile < tiles; tile += tile_step) {
+            WorkUnits units(tiles, KT, first_tile, tile_step);
+            for (WorkUnit u; units.next(u);) {
                 int tile_m, tile_n;
-                walk_tile(tile, tiles_m, tiles_n, tile_m, tile_n);
-                for (int kt = 0; kt < KT; ++kt) {
+                walk_tile(u.tile, tiles_m, tiles_n, tile_m, tile_n);
+                for (int kt = u.k_begin; kt < u.k_end; ++kt) {
                     if (refill) mbar_wait(empty_bar + 8 * s, phase ^ 1);
                     const unsigned stage_at = base + s * STAGE_BYTES;
                     mbar_arrive_expect_tx(full_bar + 8 * s, STAGE_BYTES);
@@ -447,16 +544,21 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
             const int row0 = TURNS > 1 ? 0 : 64 * c;
             const int my_first = first_tile + (TURNS > 1 ? c : 0) * tile_step;
             const int my_step = TURNS * tile_step;
+            WorkUnits units(tiles, KT, my_first, my_step);
+            WorkUnit u;
+            bool have = next_epilogue(units, u);
             int tile_m, tile_n;
-            if (prefetch && my_first < tiles) {
-                walk_tile(my_first, tiles_m, tiles_n, tile_m, tile_n);
+            if (prefetch && have) {
+                walk_tile(u.tile, tiles_m, tiles_n, tile_m, tile_n);
                 load_c(&map_c, M, N, tile_m * BLOCK_M + row0, tile_n * BLOCK_N, my_staging,
                        c_full_bar + 8 * c);
             }
             int pass = 0;
-            for (int tile = my_first; tile < tiles; tile += my_step) {
-                walk_tile(tile, tiles_m, tiles_n, tile_m, tile_n);
+            while (have) {
+                walk_tile(u.tile, tiles_m, tiles_n, tile_m, tile_n);
                 const int m0 = tile_m * BLOCK_M + row0;
+                WorkUnit after;
+                const bool more = next_epilogue(units, after);
                 for (int p = 0; p < PASSES; ++p, ++pass) {
                     const int n0 = tile_n * BLOCK_N + p * EPILOGUE_N;
                     mbar_wait(d_full_bar + 8 * c, (unsigned)pass & 1);
@@ -467,13 +569,15 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
                     bulk_wait_read();
                     if (!prefetch || p + 1 < PASSES) {  // a later pass's C is in registers
                         mbar_arrive(staging_free_bar + 8 * c);
-                    } else if (tile + my_step < tiles) {
+                    } else if (more) {
                         int next_m, next_n;
-                        walk_tile(tile + my_step, tiles_m, tiles_n, next_m, next_n);
+                        walk_tile(after.tile, tiles_m, tiles_n, next_m, next_n);
                         load_c(&map_c, M, N, next_m * BLOCK_M + row0, next_n * BLOCK_N,
                                my_staging, c_full_bar + 8 * c);
                     }
                 }
+                u = after;
+                have = more;
             }
             bulk_wait_all();  // the copies read shared memory, which lives as long as the CTA
         }
@@ -503,12 +607,12 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
     int s = 0;
     unsigned phase = 0;
     if (TURNS > 1) skip_k_tiles(s, phase, turn * KT);  // the CTA's before this warpgroup's tile
-    int local = turn;
-    for (int tile = first_tile + turn * tile_step; tile < tiles; tile += TURNS * tile_step,
-             local += TURNS) {
-        const int mine = local / TURNS;  // this warpgroup's tiles before this one
+    int local = turn;  // the CTA's tiles before this one
+    int epilogues = 0;  // this warpgroup's epilogues so far
+    WorkUnits units(tiles, KT, first_tile + turn * tile_step, TURNS * tile_step);
+    for (WorkUnit u; units.next(u); local += TURNS) {
         int tile_m, tile_n;
-        walk_tile(tile, tiles_m, tiles_n, tile_m, tile_n);
+        walk_tile(u.tile, tiles_m, tiles_n, tile_m, tile_n);
         const int m0 = tile_m * BLOCK_M + row0;  // this warpgroup's first row
         const int n0 = tile_n * BLOCK_N;
         float acc[N_SUB][64];
@@ -525,10 +629,10 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
         if (local > 0) mbar_wait(turn_bar + 8 * turn, (unsigned)((local - 1) / TURNS) & 1);
 #endif
         int last = 0;  // the stage of the k-tile before
-        for (int kt = 0; kt < KT; ++kt) {
+        for (int kt = u.k_begin; kt < u.k_end; ++kt) {
             mbar_wait(full_bar + 8 * s, phase);
 #if TURNS > 1
-            if (kt == KT - 1 && threadIdx.x % 128 == 0)
+            if (kt == u.k_end - 1 && threadIdx.x % 128 == 0)
                 mbar_arrive(turn_bar + 8 * ((turn + 1) % TURNS));
 #endif
             const unsigned a_tile = base + s * STAGE_BYTES + row0 * (BLOCK_K * 2);
@@ -549,7 +653,7 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
             }
             wgmma_commit();
             wgmma_wait<1>();
-            if (kt > 0 && threadIdx.x % 128 == 0) release_stage(empty_bar + 8 * last);
+            if (kt > u.k_begin && threadIdx.x % 128 == 0) release_stage(empty_bar + 8 * last);
             last = s;
             if (++s == STAGES) {
                 s = 0;
@@ -567,6 +671,54 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
         // The tile's last stage is free too: the producer may refill it for the next tile.
         if (threadIdx.x % 128 == 0) release_stage(empty_bar + 8 * last);
         if (TURNS > 1) skip_k_tiles(s, phase, (TURNS - 1) * KT);  // the other's next tile
+#if STREAM_K
+        if (u.part != WHOLE) {
+            // The workspace's layout: see flag_release. The accumulator of a shared tile's
+            // later part goes there; the CTA of its first part adds them all, CTA by CTA.
+            unsigned long long* flags = static_cast<unsigned long long*>(workspace);
+            float4* parts = reinterpret_cast<float4*>(flags + (gridDim.x * CONSUMERS + 1) / 2 * 2);
+            const int t = threadIdx.x % 128;
+            if (u.part == LATER_PART) {
+                float4* to = parts + ((long long)blockIdx.x * CONSUMERS + consumer) * (N_SUB * 16 * 128);
+#pragma unroll
+                for (int h = 0; h < N_SUB; ++h)
+#pragma unroll
+                    for (int q = 0; q < 16; ++q)
+                        __stcg(to + (h * 16 + q) * 128 + t,
+                               make_float4(acc[h][4 * q], acc[h][4 * q + 1], acc[h][4 * q + 2],
+                                           acc[h][4 * q + 3]));
+                __threadfence();
+                warpgroup_barrier(1 + consumer);
+                if (t == 0) flag_release(flags + blockIdx.x * CONSUMERS + consumer, token);
+                continue;
+            }
+            // The later parts are the next u.later CTAs'; each wrote its accumulator at the
+            // start of its range, long before this CTA reaches the end of its own, so the
+            // waits are short.
+            for (int cta = blockIdx.x + 1; cta <= (int)blockIdx.x + u.later; ++cta) {
+                unsigned long long* flag = flags + cta * CONSUMERS + consumer;
+                if (t == 0) {
+                    while (flag_acquire(flag) != token) {
+                    }
+                    flag_release(flag, 0ull);  // for the next launch (a CUDA graph replays the token)
+                }
+                warpgroup_barrier(1 + consumer);
+                const float4* from =
+                    parts + ((long long)cta * CONSUMERS + consumer) * (N_SUB * 16 * 128);
+#pragma unroll
+                for (int h = 0; h < N_SUB; ++h)
+#pragma unroll
+                    for (int q = 0; q < 16; ++q) {
+                        const float4 v = __ldcg(from + (h * 16 + q) * 128 + t);
+                        acc[h][4 * q] += v.x;
+                        acc[h][4 * q + 1] += v.y;
+                        acc[h][4 * q + 2] += v.z;
+                        acc[h][4 * q + 3] += v.w;
+                    }
+            }
+        }
+#endif
+        const int mine = epilogues++;  // this warpgroup's epilogues before this one
 
         // Epilogue. The wgmma accumulator layout: warp w holds rows 16 w .. 16 w + 15 of the
         // warpgroup's 64; acc[h][4 j + 2 r + e] is row lane / 4 + 8 r, column

@@ -24,9 +24,11 @@ A kernel built with ``tma=True`` (``09_wgmma.cu``) uses sm_90a-only instructions
 setmaxnreg), so it is compiled for ``sm_90a`` and runs on compute capability 9.0 GPUs only; it
 reads A and B through TMA tensor maps (``backends/cuda/tma.py``) and takes a tenth argument,
 ``const unsigned long long* tmaps``: a device buffer with the two 128-byte maps. A kernel built
-with ``epilogue_maps=True`` (``10_wgmma_persistent.cu``) also stores D and prefetches C
-through tensor maps, passed by value after ``tmaps`` as two 128-byte ``__grid_constant__``
-parameters, ``map_d`` and ``map_c`` (``tma.EpilogueMaps``).
+with ``epilogue_maps=True`` (``10_wgmma_persistent.cu``) takes ``void* workspace`` and
+``unsigned long long token`` after ``tmaps`` (a ``STREAM_K`` build's, ``StreamKWorkspace``;
+0 and 0 otherwise), and stores D and prefetches C through tensor maps, passed by value after
+them as two 128-byte ``__grid_constant__`` parameters, ``map_d`` and ``map_c``
+(``tma.EpilogueMaps``).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import contextvars
 import ctypes
 import functools
 import itertools
+import secrets
 import sys
 import threading
 from collections.abc import Callable
@@ -116,7 +119,8 @@ class CudaKernel:
         epilogue_maps: the kernel also takes the tensor maps of D and C by value
             (``tma.EpilogueMaps``; see the module doc); needs ``tma``.
         persistent: the kernel loops over the tiles itself: its grid is min(#SMs, #tiles)
-            CTAs along x (``grid`` says how many tiles there are); with ``CLUSTER_M`` in
+            CTAs along x (``grid`` says how many tiles there are), or #SMs with ``STREAM_K``
+            set in ``params`` (the tiles' k-tiles are shared out); with ``CLUSTER_M`` in
             ``params`` (the kernel's compile-time cluster size along M, ``__cluster_dims__``),
             CLUSTER_M x min(#SMs / CLUSTER_M, #cluster tiles), a cluster tile being CLUSTER_M
             tile rows by one tile column.
@@ -157,8 +161,19 @@ class CudaKernel:
         gx, gy = self.grid(m, n)
         if not self.persistent:
             return gx, gy
+        if self.params.get("STREAM_K", 0):
+            return _multiprocessors(device), 1
         cluster = self.params.get("CLUSTER_M", 1)
         return cluster * min(_multiprocessors(device) // cluster, gx * -(-gy // cluster)), 1
+
+    def parameter_values(self, p: Problem) -> list[int]:
+        """The values of the kernel's parameters before its by-value tensor maps for Problem
+        ``p``, as ``KernelArgs`` takes them: zeros for the pointers (A, B, C, D), M, N, K,
+        ldc and relu, then zeros for the tensor maps' buffer (``tma``) and the stream-K
+        workspace and token (``epilogue_maps``)."""
+        ldc = 0 if p.c != "full" else p.n
+        return [0, 0, 0, 0, p.m, p.n, p.k, ldc, int(p.relu), *([0] if self.tma else []),
+                *([0, 0] if self.epilogue_maps else [])]
 
     def defines(self, dtype: torch.dtype = torch.float32) -> tuple[str, ...]:
         """The ``-D`` compiler options that fix the tile sizes and the element type."""
@@ -227,7 +242,7 @@ class CudaKernel:
         function, smem = self.compiled(p.dtype, device)
         handle = function.kernel.ptr  # the CUfunction of CuPy's RawKernel on this device
         ldc = 0 if p.c != "full" else n
-        values = [0, 0, 0, 0, m, n, k, ldc, int(p.relu), *([0] if self.tma else [])]
+        values = self.parameter_values(p)
         blob_count = 2 if self.epilogue_maps else 0
         # One argument buffer per thread: a launch writes its pointers there, and the driver
         # reads them with the GIL released (a thread-local costs less than a lock). A
@@ -235,7 +250,9 @@ class CudaKernel:
         # encoding and cuLaunchKernel need one).
         per_thread = threading.local()
         (gx, gy), (tx, ty) = grid, self.threads
-        maps_of = epilogue_maps_of = None
+        maps_of = epilogue_maps_of = stream_k = None
+        if self.params.get("STREAM_K", 0):
+            stream_k = StreamKWorkspace(self, gx)
         if self.tma:
             from .tma import EpilogueMaps, LaunchMaps
 
@@ -263,6 +280,11 @@ class CudaKernel:
                 a, b, maps = maps_of(a, b)
                 pointers = (a.data_ptr(), b.data_ptr(), 0 if c is None else c.data_ptr(),
                             out.data_ptr(), maps)
+                if stream_k is not None:  # held until the launch is queued
+                    workspace, token = stream_k(out.device)
+                    pointers += (workspace.data_ptr(), token)
+                elif epilogue_maps_of is not None:
+                    pointers += (0, 0)
             blobs = b"" if epilogue_maps_of is None else epilogue_maps_of(out, c)
             if _LAUNCHER.get() == "pycuda":
                 from .pycuda_launch import launch as pycuda_launch
@@ -336,11 +358,39 @@ class KernelArgs:
         ctypes.memmove(self._blob_base, data, len(data))
 
     def set_pointers(self, pointers: tuple[int, ...]) -> None:
-        """Write the pointer parameters (A, B, C, D, then any after the scalars)."""
+        """Write the pointer parameters (A, B, C, D, then any after the scalars: the tensor
+        maps' buffer, the stream-K workspace and token)."""
         slots = self.slots
         slots[0], slots[1], slots[2], slots[3] = pointers[:4]
-        if len(pointers) > 4:  # the tensor maps' buffer, after the five scalars
+        if len(pointers) > 4:  # after the five scalars
             slots[9] = pointers[4]
+            if len(pointers) > 5:
+                slots[10], slots[11] = pointers[5], pointers[6]
+
+
+class StreamKWorkspace:
+    """The ``workspace`` and ``token`` parameters of one launch of a ``STREAM_K`` build of
+    ``10_wgmma_persistent.cu`` with ``ctas`` CTAs, laid out as the kernel reads them: a
+    64-bit flag per CTA and consumer warpgroup (BLOCK_M / 64 of them), padded to 16 bytes,
+    then a BLOCK_M x BLOCK_N fp32 accumulator per CTA.
+
+    ``workspace(device)`` returns a fresh uint8 tensor of ``bytes`` from torch's caching
+    allocator (ordered on the current stream, so concurrent streams and CUDA graphs each
+    get their own; the caller holds it until the launch is queued) and a token no earlier
+    launch of this binding used. A flag holds the token once its accumulator is written, and
+    the reader sets it back to 0, so the kernel needs no zeroed memory: a replayed graph
+    finds its flags at 0, and a fresh block's bytes match a 62-bit random token with
+    probability 2^-62.
+    """
+
+    def __init__(self, kernel: CudaKernel, ctas: int):
+        p = kernel.params
+        flags = ctas * (p["BLOCK_M"] // 64)
+        self.bytes = -(-flags // 2) * 16 + ctas * p["BLOCK_M"] * p["BLOCK_N"] * 4
+        self._tokens = itertools.count(secrets.randbits(62) + 1)
+
+    def __call__(self, device: torch.device) -> tuple[torch.Tensor, int]:
+        return torch.empty(self.bytes, dtype=torch.uint8, device=device), next(self._tokens)
 
 
 LAUNCHERS = ("cupy", "pycuda")
