@@ -239,18 +239,22 @@ def _cuda_backend(name: str, summary: str, kernel: CudaKernel) -> Backend:
                    default_config=dict(kernel.params))
 
 
-def _positive(config: dict, fields) -> None:
+def _positive(config: dict, fields, switches=()) -> None:
     """Raise ValueError naming the first of ``fields`` in ``config`` that is not an int >= 1
-    (a tile size of 0 would divide by zero in the grid)."""
+    (a tile size of 0 would divide by zero in the grid), or >= 0 for those in ``switches``."""
     for field in fields:
-        value = config[field]
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{field} is {value!r}, not a positive integer")
+        value, least = config[field], 0 if field in switches else 1
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            kind = "non-negative" if least == 0 else "positive"
+            raise ValueError(f"{field} is {value!r}, not a {kind} integer")
 
 
 def _pin_cuda(kernel: CudaKernel, params: dict) -> CudaKernel:
-    """``kernel`` with a tuned entry's macros (every one a positive integer)."""
-    _positive(params, params)
+    """``kernel`` with a tuned entry's macros: positive integers, but for the switches its
+    space turns off with 0 (``STREAM_K``), which may be 0."""
+    switches = [m for m, values in (kernel.space.macros if kernel.space else {}).items()
+                if 0 in values]
+    _positive(params, params, switches)
     return replace(kernel, params=dict(params))
 
 

@@ -735,3 +735,16 @@ def test_cuda_pins_refuse_tiles_that_are_not_positive():
     for bad in (0, -8, True):
         with pytest.raises(ValueError, match=f"BLOCK_M is {bad!r}, not a positive integer"):
             pin({**good, "BLOCK_M": bad})
+
+
+def test_cuda_pins_take_a_switch_at_0_but_no_tile_at_0():
+    """STREAM_K, whose search values include 0, may be 0 (the tuned entries of the default
+    build hold it) but not negative; a tile size may not be 0."""
+    pin = backends.BACKENDS["cuda_wgmma_persistent"].pin
+    good = dict(CUDA_KERNELS["cuda_wgmma_persistent"].params)
+    assert good["STREAM_K"] == 0 and pin(good).params == good
+    assert pin({**good, "STREAM_K": 1}).params["STREAM_K"] == 1
+    with pytest.raises(ValueError, match="STREAM_K is -1, not a non-negative integer"):
+        pin({**good, "STREAM_K": -1})
+    with pytest.raises(ValueError, match="GROUP_M is 0, not a positive integer"):
+        pin({**good, "GROUP_M": 0})
