@@ -1,6 +1,7 @@
 """Every ``.cu`` of the ladder is a registry entry and opens with its ladder step; it compiles
-with nvcc for sm_90 (sm_90a for the wgmma kernel) with the registry's tile sizes, for each dtype
-it is built for, and ptxas reports no register spills and no stack frame (spills would put a
+with nvcc for sm_90 (sm_90a for the wgmma kernel) with the registry's tile sizes (and the other
+builds whose code the defaults leave out: step 10's STREAM_K), for each dtype it is built for,
+and ptxas reports no register spills and no stack frame (spills would put a
 kernel's accumulators in local memory, defeating register blocking), nor serialized or
 waited-for wgmma instructions. A kernel's description (what its backend's ``config()`` and a
 bench row report) names the build that ran."""

@@ -36,6 +36,14 @@
 // two consumer warpgroups taking turns on whole tiles (CUTLASS's "ping-pong"), so that one's
 // epilogue runs during the other's mainloop, are step 12 (12_wgmma_pingpong.cu), this file
 // built with PINGPONG = 1: the `TURNS > 1` branches.
+// STREAM_K = 1 (a build `gemmlab tune` may pick): after the whole rounds of tiles, the k-tiles of
+// the tiles left over are cut into one contiguous range per CTA (WorkUnits below), so the last,
+// partly filled round is spread over every SM; a tile several CTAs share is finished by the
+// one holding its k-tile 0, which adds the others' fp32 accumulators from a workspace. It
+// should buy the idle SMs of that round, and where there are fewer tiles than SMs, the rest
+// of the GPU. Measured on the H200 (bench/results/h200-stream-k/): 1.76x at 1024 x 1024 x
+// 8192 (32 tiles), 1.22x at 512 x 4096 x 16384; but at 4096^3 2-6% slower, the split tiles'
+// accumulators going out and back in all at once while the tensor cores wait.
 // The tensor maps of D and C are kernel parameters (__grid_constant__): a CUDA graph that
 // captures a call with a fresh D keeps that D's map. A map needs a 16-byte aligned base and
 // row stride, so the staging path needs N % 8 == 0 and a 16-byte aligned D (else the kernel
