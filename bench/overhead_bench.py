@@ -128,7 +128,6 @@ def _wrapped_cuda(kernel, p: Problem, a, b, c, d) -> Callable[[], object]:
         extra = (maps.data_ptr(),)
     if kernel.epilogue_maps:
         epilogue_maps = tma.EpilogueMaps(p.dtype, p.m, p.n, full_c=True)
-        extra += (0, 0)  # no stream-K workspace: the registry's builds have no STREAM_K
     args = KernelArgs(kernel.parameter_values(p), blobs=2 if epilogue_maps else 0)
     stream = torch.cuda.current_stream().cuda_stream
     (gx, gy), (tx, ty) = kernel.launch_grid(p.m, p.n, a.device.index), kernel.threads

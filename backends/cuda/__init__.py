@@ -283,14 +283,13 @@ class CudaKernel:
                 if stream_k is not None:  # held until the launch is queued
                     workspace, token = stream_k(out.device)
                     pointers += (workspace.data_ptr(), token)
-                elif epilogue_maps_of is not None:
-                    pointers += (0, 0)
             blobs = b"" if epilogue_maps_of is None else epilogue_maps_of(out, c)
             if _LAUNCHER.get() == "pycuda":
                 from .pycuda_launch import launch as pycuda_launch
 
                 pycuda_launch(self, p.dtype, device, grid,
-                              (*pointers[:4], m, n, k, ldc, relu, *pointers[4:]), blobs)
+                              (*pointers[:4], m, n, k, ldc, relu, *pointers[4:],
+                               *values[len(pointers) + 5:]), blobs)  # + the unused slots
                 return out
             stream = raw_stream(device)
             args.set_pointers(pointers)
