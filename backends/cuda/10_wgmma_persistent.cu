@@ -224,9 +224,9 @@ struct WorkUnit {
 // step, ...; with STREAM_K only the tiles of the whole rounds (tiles - tiles % step of them),
 // then the CTA's share of the rest: their k-tiles laid end to end, cut into as many
 // contiguous, non-empty ranges of near-equal length as there are CTAs (or k-tiles, if fewer),
-// range `first` this CTA's. Each range starts with at most one
-// LATER_PART and ends with at most one FIRST_PART, so a CTA writes at most one partial tile,
-// early in its share, and the CTA that finishes a tile reads the others' late in its own.
+// range `first` this CTA's. Each range starts with at most one LATER_PART and ends with at
+// most one FIRST_PART, so a CTA writes at most one partial tile, early in its share, and the
+// CTA that finishes a tile reads the others' late in its own.
 // Stream-K after Osama et al., "Stream-K: Work-centric Parallel Decomposition for Dense
 // Matrix-Matrix Multiplication on the GPU" (PPoPP 2023), in its data-parallel + one stream-K
 // round hybrid; CUTLASS's sm90 stream-K tile scheduler does the same with a fixup workspace.
@@ -288,7 +288,7 @@ __device__ __forceinline__ bool next_epilogue(WorkUnits& units, WorkUnit& u) {
 // The stream-K workspace: per CTA and consumer warpgroup, a flag (the launch's token once its
 // LATER_PART accumulator is written, reset to 0 by the CTA that reads it), then from the next
 // 16 bytes the accumulators (64 x BLOCK_N floats each, float4 q of thread t at q * 128 + t:
-// each warp's stores are 512 contiguous bytes). Sized by the launcher (stream_k_workspace).
+// each warp's stores are 512 contiguous bytes). Sized by the launcher (StreamKWorkspace).
 __device__ __forceinline__ void flag_release(unsigned long long* flag, unsigned long long v) {
     asm volatile("st.release.gpu.global.u64 [%0], %1;\n" :: "l"(flag), "l"(v) : "memory");
 }
@@ -687,7 +687,8 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
             float4* parts = reinterpret_cast<float4*>(flags + (gridDim.x * CONSUMERS + 1) / 2 * 2);
             const int t = threadIdx.x % 128;
             if (u.part == LATER_PART) {
-                float4* to = parts + ((long long)blockIdx.x * CONSUMERS + consumer) * (N_SUB * 16 * 128);
+                float4* to =
+                    parts + ((long long)blockIdx.x * CONSUMERS + consumer) * (N_SUB * 16 * 128);
 #pragma unroll
                 for (int h = 0; h < N_SUB; ++h)
 #pragma unroll
@@ -708,7 +709,7 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
                 if (t == 0) {
                     while (flag_acquire(flag) != token) {
                     }
-                    flag_release(flag, 0ull);  // for the next launch (a CUDA graph replays the token)
+                    flag_release(flag, 0ull);  // a replayed CUDA graph reuses the token
                 }
                 warpgroup_barrier(1 + consumer);
                 const float4* from =
