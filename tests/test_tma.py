@@ -168,11 +168,12 @@ def test_stream_k_workspace_fits_the_kernels_layout_and_never_reuses_a_token():
 
     kernel = CUDA_KERNELS["cuda_wgmma_persistent"]
     sk = replace(kernel, params={**kernel.params, "STREAM_K": 1})
-    assert StreamKWorkspace(sk, 132).bytes == 132 * 2 * 8 + 132 * 128 * 256 * 4
+    cpu = torch.device("cpu")
+    assert StreamKWorkspace(sk, 132, cpu).bytes == 132 * 2 * 8 + 132 * 128 * 256 * 4
     narrow = replace(sk, params={**sk.params, "BLOCK_M": 64, "BLOCK_N": 128})
-    assert StreamKWorkspace(narrow, 3).bytes == 32 + 3 * 64 * 128 * 4  # 3 flags: 24 -> 32
-    workspace = StreamKWorkspace(sk, 132)
-    launches = [workspace(torch.device("cpu")) for _ in range(5)]
+    assert StreamKWorkspace(narrow, 3, cpu).bytes == 32 + 3 * 64 * 128 * 4  # 3 flags: 24 -> 32
+    workspace = StreamKWorkspace(sk, 132, cpu)
+    launches = [workspace() for _ in range(5)]
     tokens = [token for _, token in launches]
     assert len(set(tokens)) == 5 and all(0 < t < 2**63 for t in tokens)
     assert all(w.dtype == torch.uint8 and w.numel() == workspace.bytes for w, _ in launches)

@@ -241,7 +241,6 @@ class CudaKernel:
 
         function, smem = self.compiled(p.dtype, device)
         handle = function.kernel.ptr  # the CUfunction of CuPy's RawKernel on this device
-        ldc = 0 if p.c != "full" else n
         values = self.parameter_values(p)
         blob_count = 2 if self.epilogue_maps else 0
         # One argument buffer per thread: a launch writes its pointers there, and the driver
@@ -252,14 +251,14 @@ class CudaKernel:
         (gx, gy), (tx, ty) = grid, self.threads
         maps_of = epilogue_maps_of = stream_k = None
         if self.params.get("STREAM_K", 0):
-            stream_k = StreamKWorkspace(self, gx)
+            stream_k = StreamKWorkspace(self, gx, p.device)
         if self.tma:
             from .tma import EpilogueMaps, LaunchMaps
 
             maps_of = LaunchMaps(k, n, self.params["BLOCK_M"], self.params["BLOCK_K"])
             if self.epilogue_maps:
                 epilogue_maps_of = EpilogueMaps(p.dtype, m, n, full_c=p.c == "full")
-        relu, template, empty_like = int(p.relu), p.d_template, torch.empty_like
+        template, empty_like = p.d_template, torch.empty_like
         raw_stream, get_device, launch_kernel = (torch._C._cuda_getCurrentRawStream,
                                                  runtime.getDevice, driver.launchKernel)
 
@@ -281,15 +280,16 @@ class CudaKernel:
                 pointers = (a.data_ptr(), b.data_ptr(), 0 if c is None else c.data_ptr(),
                             out.data_ptr(), maps)
                 if stream_k is not None:  # held until the launch is queued
-                    workspace, token = stream_k(out.device)
+                    workspace, token = stream_k()
                     pointers += (workspace.data_ptr(), token)
             blobs = b"" if epilogue_maps_of is None else epilogue_maps_of(out, c)
             if _LAUNCHER.get() == "pycuda":
                 from .pycuda_launch import launch as pycuda_launch
 
+                # The values with the pointers written over theirs (the unused slots stay).
                 pycuda_launch(self, p.dtype, device, grid,
-                              (*pointers[:4], m, n, k, ldc, relu, *pointers[4:],
-                               *values[len(pointers) + 5:]), blobs)  # + the unused slots
+                              (*pointers[:4], *values[4:9], *pointers[4:],
+                               *values[len(pointers) + 5:]), blobs)
                 return out
             stream = raw_stream(device)
             args.set_pointers(pointers)
@@ -373,23 +373,26 @@ class StreamKWorkspace:
     64-bit flag per CTA and consumer warpgroup (BLOCK_M / 64 of them), padded to 16 bytes,
     then a BLOCK_M x BLOCK_N fp32 accumulator per CTA.
 
-    ``workspace(device)`` returns a fresh uint8 tensor of ``bytes`` from torch's caching
-    allocator (ordered on the current stream, so concurrent streams and CUDA graphs each
-    get their own; the caller holds it until the launch is queued) and a token no earlier
-    launch of this binding used. A flag holds the token once its accumulator is written, and
+    ``workspace()`` returns a fresh uint8 tensor of ``bytes`` on ``device`` from torch's
+    caching allocator (ordered on the current stream, so concurrent streams and CUDA graphs
+    each get their own; the caller holds it until the launch is queued) and a token no
+    earlier launch of this binding used. A flag holds the token once its accumulator is written, and
     the reader sets it back to 0, so the kernel needs no zeroed memory: a replayed graph
     finds its flags at 0, and a fresh block's bytes match a 62-bit random token with
     probability 2^-62.
     """
 
-    def __init__(self, kernel: CudaKernel, ctas: int):
+    def __init__(self, kernel: CudaKernel, ctas: int, device: torch.device):
         p = kernel.params
         flags = ctas * (p["BLOCK_M"] // 64)
         self.bytes = -(-flags // 2) * 16 + ctas * p["BLOCK_M"] * p["BLOCK_N"] * 4
+        # empty_like of one element seen as `bytes` (Problem.d_template's way): no keywords
+        # to parse on the launch path.
+        self._template = torch.empty(1, dtype=torch.uint8, device=device).expand(self.bytes)
         self._tokens = itertools.count(secrets.randbits(62) + 1)
 
-    def __call__(self, device: torch.device) -> tuple[torch.Tensor, int]:
-        return torch.empty(self.bytes, dtype=torch.uint8, device=device), next(self._tokens)
+    def __call__(self) -> tuple[torch.Tensor, int]:
+        return torch.empty_like(self._template), next(self._tokens)
 
 
 LAUNCHERS = ("cupy", "pycuda")
