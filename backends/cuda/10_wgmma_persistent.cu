@@ -42,7 +42,7 @@
 // one holding its k-tile 0, which adds the others' fp32 accumulators from a workspace. It
 // should buy the idle SMs of that round, and where there are fewer tiles than SMs, the rest
 // of the GPU. Measured on the H200 (bench/results/h200-stream-k/): 1.76x at 1024 x 1024 x
-// 8192 (32 tiles), 1.22x at 512 x 4096 x 16384; but at 4096^3 2-6% slower, the split tiles'
+// 8192 (32 tiles), 1.22x at 512 x 4096 x 16384; but at 4096^3 2-8% slower, the split tiles'
 // accumulators going out and back in all at once while the tensor cores wait.
 // The tensor maps of D and C are kernel parameters (__grid_constant__): a CUDA graph that
 // captures a call with a fresh D keeps that D's map. A map needs a 16-byte aligned base and
