@@ -79,6 +79,9 @@ def gemm(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None, *,
     All tensors share one dtype (A's) and one device. Backends that do not declare
     ``strided`` (the CUDA C kernels) receive contiguous copies of non-contiguous inputs, and
     write through a contiguous buffer that is then copied into a non-contiguous ``out``.
+    A negated view (``is_neg()``, as ``z.conj().imag`` gives) is read as its values: every
+    backend receives a resolved copy of such an input and writes through a buffer into such
+    an ``out`` (kernels read memory, not torch's negation bit).
     M, N or K = 0 give the exact answer (an empty D, or act(C) / zeros) without a launch.
 
     Cost: the first call of a signature (the arguments, every tensor's shape, strides, dtype,
@@ -208,22 +211,26 @@ def _bind(a, b, c, activation, backend, out, allow_tf32, tuned) -> Plan:
         launch = impl.bind(p, choice.config, choice.note)
     else:
         launch = impl.bind(p, None)
-    if not impl.strided:
-        launch = _contiguous(launch, p, a, b, c, out)
-    return Plan(launch, impl.name, spans)
+    return Plan(_readable(launch, p, impl.strided, a, b, c, out), impl.name, spans)
 
 
-def _contiguous(launch: Launch, p: Problem, a, b, c, out) -> Launch:
-    """``launch`` for a backend that reads contiguous operands only: given contiguous copies
-    of the inputs that are not, writing through a contiguous buffer into an ``out`` that is
-    not (decided once, from the signature)."""
-    copies = [t is not None and not t.is_contiguous() for t in (a, b, c)]
-    through = out is not None and not out.is_contiguous()
+def _readable(launch: Launch, p: Problem, strided: bool, a, b, c, out) -> Launch:
+    """``launch`` given operands its backend reads as plain memory, decided once from the
+    signature: an input that is a negated view (``is_neg()``: its memory holds -x, as
+    ``z.conj().imag`` gives) becomes a resolved copy, and for a backend that reads contiguous
+    operands only (not ``strided``) a non-contiguous input becomes a contiguous copy; D is
+    written through a new contiguous buffer into an ``out`` that is either."""
+    def plain(t):
+        return not t.is_neg() and (strided or t.is_contiguous())
+
+    copies = [t is not None and not plain(t) for t in (a, b, c)]
+    through = out is not None and not plain(out)
     if not any(copies) and not through:
         return launch
 
     def copied(a, b, c, out):
-        a, b, c = (t.contiguous() if copy else t for t, copy in zip((a, b, c), copies))
+        a, b, c = (t.resolve_neg().contiguous() if copy else t
+                   for t, copy in zip((a, b, c), copies))
         if through:
             return out.copy_(launch(a, b, c, torch.empty_like(p.d_template)))
         return launch(a, b, c, out)

@@ -4,12 +4,22 @@ templates (with the add and ReLU fused into their epilogue) against cuBLAS and k
 fastest, once per problem. gemmlab times kernels itself, under CUDA graphs of its own, so
 Inductor's CUDA graphs stay off.
 
-Each Problem (shape, dtype, epilogue, TF32) is compiled once and cached, through a function
-of its own (its own code object): Dynamo caches compiled graphs per code object and stops
-recompiling one after ``torch._dynamo.config.recompile_limit`` shapes, falling back to eager,
-which a sweep over many shapes would hit. The compile time is reported by ``describe()``,
-never timed: the first call, which compiles, is ``gemm()``'s checked call.
-Source: PyTorch's ``torch.compile`` documentation (modes) and Inductor's ``max_autotune``.
+Each problem (shape, dtype, epilogue, TF32) and its operands' strides is compiled once and
+cached, through a function of its own (its own code object): Dynamo caches
+compiled graphs per code object and stops recompiling one after
+``torch._dynamo.config.recompile_limit`` shapes, falling back to eager, which a sweep over
+many shapes would hit. The compile time is reported by ``describe()``, never timed: the
+first call, which compiles, is ``gemm()``'s checked call.
+
+Dynamo hands its graph to Inductor through a backend of ours that calls the registered
+``inductor`` backend with the mode's options (``torch._inductor.list_mode_options``), which
+is what ``torch.compile(mode=...)`` does, and keeps the function Inductor returns. After the
+first call ``gemm()`` calls that function directly, past Dynamo's frame hook and guards:
+``gemm()``'s own signature guard already holds every operand to the shapes, strides, dtype,
+device and view flags the graph was compiled for, as ``triton_fused`` launches Triton's
+compiled kernel past its autotuner. The kernels are Inductor's, the same either way.
+Source: PyTorch's ``torch.compile`` documentation (modes; custom backends, "composable
+backends" through ``torch._dynamo.lookup_backend``) and Inductor's ``max_autotune``.
 """
 
 from __future__ import annotations
@@ -41,14 +51,29 @@ def _expression(a, b, c, relu: bool):
 
 
 class _Compiled:
-    """One problem's compiled function and how long its first call (the compile) took."""
+    """One problem's compiled function: ``fn`` is what ``torch.compile`` returned, ``graph``
+    Inductor's function of the tensors (set by the first call, which compiles), ``seconds``
+    how long that first call took."""
 
     def __init__(self, p: Problem, number: int):
         code = _expression.__code__.replace(co_name=f"gemmlab_expression_{number}")
         fresh = types.FunctionType(code, _expression.__globals__, code.co_name)
-        self.fn = torch.compile(fresh, mode=MODE, dynamic=False, fullgraph=True)
+        self.fn = torch.compile(fresh, backend=self._inductor, dynamic=False, fullgraph=True)
         self.relu = p.relu
+        self.graph = None
         self.seconds: float | None = None
+
+    def _inductor(self, gm: torch.fx.GraphModule, example_inputs):
+        """The Dynamo backend: Inductor in ``MODE``, its compiled graph kept for direct calls.
+        Raises RuntimeError if Dynamo's graph does not take exactly A, B (and C), in order."""
+        sources = [_source_name(node) for node in gm.graph.nodes if node.op == "placeholder"]
+        if sources not in (["L['a']", "L['b']"], ["L['a']", "L['b']", "L['c']"]):
+            raise RuntimeError(f"Dynamo's graph takes {sources}; gemmlab calls it with A, B "
+                               f"and C, in that order")
+        inductor = torch._dynamo.lookup_backend("inductor")
+        self.graph = inductor(gm, example_inputs,
+                              config_patches=torch._inductor.list_mode_options(MODE, False))
+        return self.graph
 
     def __call__(self, a, b, c):
         if self.seconds is not None:
@@ -57,6 +82,12 @@ class _Compiled:
         d = self.fn(a, b, c, self.relu)
         self.seconds = time.perf_counter() - start
         return d
+
+
+def _source_name(placeholder: torch.fx.Node) -> str:
+    """Where Dynamo took a graph input from, e.g. ``L['a']`` (the local ``a``)."""
+    name = placeholder.meta["grapharg"].source.name
+    return name() if callable(name) else name  # a method in older torch, now a property
 
 
 @functools.cache
@@ -69,17 +100,17 @@ def compiled(p: Problem, strides: tuple) -> _Compiled:
 def bind(p: Problem, config=None) -> Launch:
     """Inductor's kernel(s) for ``p``, compiled at the first call of its operand strides; D
     is a new tensor, copied into ``out`` when one is given. A launch is for the strides of
-    its first call (``gemm()`` binds once per signature)."""
-    bound: list = []  # [the torch.compile'd function, its description] after the first call
-    relu = p.relu
+    its first call (``gemm()`` binds once per signature); after that call it calls
+    Inductor's compiled graph directly."""
+    bound: list = []  # [Inductor's graph, its description] after the first call
 
     def launch(a, b, c, out):
         if bound:
-            d = bound[0](a, b, c, relu)
+            d = (bound[0](a, b) if c is None else bound[0](a, b, c))[0]
         else:
             fn = compiled(p, (a.stride(), b.stride(), None if c is None else c.stride()))
             d = fn(a, b, c)
-            bound[:] = fn.fn, f"torch.compile(mode={MODE!r}), compiled in {fn.seconds:.1f} s"
+            bound[:] = fn.graph, f"torch.compile(mode={MODE!r}), compiled in {fn.seconds:.1f} s"
         _last[0] = bound[1]
         return d if out is None else out.copy_(d)
 

@@ -272,6 +272,34 @@ def test_triton_persistent_kernel_is_exact(recipe, config, rng):
             assert ran.startswith("pointer kernel (PERSISTENT fell back: compute capability")
 
 
+# --- negated views: torch's negation bit (``z.conj().imag`` of a complex z) ------------------
+
+NEGATED_CASES = [(s.name, next(r for r in RECIPES if r.dtype in backends.BACKENDS[s.name].dtypes))
+                 for s in backends.available()
+                 if s.runs and (HAS_GPU or "cpu" in backends.BACKENDS[s.name].devices)]
+
+
+@pytest.mark.parametrize("backend,recipe", NEGATED_CASES,
+                         ids=[f"{b}-{r.id}" for b, r in NEGATED_CASES])
+@pytest.mark.parametrize("negated", ["a", "b", "c", "out"])
+def test_a_negated_view_is_read_and_written_as_its_values(backend, recipe, negated, rng):
+    """A kernel reads memory, not the negation bit: the operand named by ``negated`` is a
+    negated view of its negation (same values, memory holding their negatives)."""
+    device = "cuda" if HAS_GPU else "cpu"
+    m, n = 37, 35
+    a, b, c = exact_inputs(m, n, recipe, device, "full", rng)
+    out = torch.full((m, n), float("nan"), dtype=recipe.dtype, device=device)
+    given = {"a": a, "b": b, "c": c, "out": out}
+    original = given[negated]
+    given[negated] = (-original)._neg_view()
+    assert given[negated].is_neg()
+    torch.testing.assert_close(given[negated], original, rtol=0, atol=0, equal_nan=True)
+    d = gemm(given["a"], given["b"], given["c"], activation="relu", backend=backend,
+             out=given["out"])
+    assert d is given["out"]
+    assert_exact(d.resolve_neg(), a, b, c, "relu")
+
+
 # --- every backend and dtype on a GPU ---------------------------------------------------------
 
 GPU_SHAPES = [(1, 1), (263, 391), (1031, 517)]  # edges of every tile; M past GROUP_M x 128

@@ -1,6 +1,7 @@
 """gemm(): every error path, the degenerate shapes, strides, bias and out= handling, on the
 backends that run on this machine (the CPU ones on CI, all of them on a GPU)."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import backends
-from backends import BackendUnavailableError, gemm
+from backends import BackendUnavailableError, gemm, torch_compile
+from backends.problem import Problem
 from backends.registry import CUDA_KERNELS
 
 DEVICE = "cuda" if HAS_GPU else "cpu"
@@ -385,6 +387,35 @@ def test_torch_compile_reports_its_compile_time_and_reuses_it(rng):
     assert_matches_reference(d, a, b, c, "relu")
     assert "max-autotune-no-cudagraphs" in first and "compiled in" in first
     assert backends.BACKENDS["torch_compile"].config() == first  # no second compile
+
+
+def test_torch_compile_runs_inductors_graph_past_dynamo_after_the_first_call(rng, monkeypatch):
+    """The first call compiles through torch.compile; later calls of the signature, on fresh
+    data, run the graph Inductor compiled without calling Dynamo's guarded function."""
+    a, b, c = random_inputs(19, 23, 17, device=DEVICE, generator=rng)
+    gemm(a, b, c, activation="relu", backend="torch_compile")
+    entry = torch_compile.compiled(Problem.of(a, b, c, True),
+                                   (a.stride(), b.stride(), c.stride()))
+    assert entry.graph is not None
+
+    def dynamo(*args):
+        raise AssertionError("the torch.compile'd function was called")
+
+    monkeypatch.setattr(entry, "fn", dynamo)
+    for _ in range(2):
+        a, b, c = random_inputs(19, 23, 17, device=DEVICE, generator=rng)
+        assert_matches_reference(gemm(a, b, c, activation="relu", backend="torch_compile"),
+                                 a, b, c, "relu")
+
+
+def test_torch_compile_refuses_a_graph_whose_inputs_are_not_a_b_c():
+    """The direct call passes A, B (and C) in order: a Dynamo graph of other inputs is an
+    error at compile time, never a call with misplaced tensors."""
+    a, b, c = random_inputs(4, 4, 4)
+    entry = torch_compile._Compiled(Problem.of(a, b, c, True), 10**6)
+    other = torch.compile(lambda x, y: x @ y, backend=entry._inductor, fullgraph=True)
+    with pytest.raises(RuntimeError, match=re.escape("Dynamo's graph takes [\"L['x']\"")):
+        other(a, b)
 
 
 def test_out_overlapping_an_input_through_another_storage_is_refused(rng):
