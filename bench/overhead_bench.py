@@ -7,9 +7,10 @@ a NaN-poisoned output:
 - ``wrapped_us``: the library call the backend makes, set up once by hand and then only
   called, a new D each call as ``gemm()`` gives: ``torch.addmm(c, a, b).relu_()`` for
   cublas; ``torch.empty_like`` for D and nvmath's binding of ``cublasLtMatmul`` with the
-  planned arguments for cublaslt; the function
-  ``torch.compile`` returned, for torch_compile; the expression for torch_unfused;
-  ``torch.empty_like`` for D and the driver's ``cuLaunchKernel`` (CuPy's binding) with a
+  planned arguments for cublaslt; the function Inductor compiled for torch_compile's graph
+  (what ``gemm()`` calls, past the Dynamo frame hook and guards of the function
+  ``torch.compile`` returned); the expression for torch_unfused; ``torch.empty_like`` for
+  D and the driver's ``cuLaunchKernel`` (CuPy's binding) with a
   prebuilt ``KernelArgs`` buffer for the CUDA C kernels (the tensor maps of cuda_wgmma
   encoded beforehand); ``torch.empty_like`` and Triton's own ``CompiledKernel[grid](*args)``
   launch of the compiled kernel for triton_fused.
@@ -74,8 +75,8 @@ def _wrapped(name: str, p: Problem, a, b, c, d) -> Callable[[], object]:
 
         compiled = torch_compile.compiled(p, (a.stride(), b.stride(), c.stride()))
         compiled(a, b, c)  # compiles, if no gemm() call has yet
-        fn, relu = compiled.fn, p.relu
-        return lambda: fn(a, b, c, relu)
+        graph = compiled.graph
+        return lambda: graph(a, b, c)[0]
     if name == "cublaslt":
         from nvmath.bindings.cublasLt import matmul
 

@@ -93,12 +93,14 @@ def test_cpu_samples_are_measured_and_at_least_min_reps():
 def test_overhead_benchmark_end_to_end_on_cpu(tmp_path):
     from test_bench import gemmlab
 
-    result = gemmlab("bench", "--overhead", "--backend", "cublas,torch_unfused,triton_fused",
+    result = gemmlab("bench", "--overhead", "--backend",
+                     "cublas,torch_compile,torch_unfused,triton_fused",
                      "--dtype", "fp32", "--shape", "16", "--out", str(tmp_path))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "gemm() host overhead" in result.stdout
     rows = json.loads((tmp_path / "results.json").read_text())["rows"]
-    assert [r["backend"] for r in rows] == ["cublas", "torch_unfused", "triton_fused"]
+    assert [r["backend"] for r in rows] == ["cublas", "torch_compile", "torch_unfused",
+                                            "triton_fused"]
     for r in rows:
         assert r["ok"] and (r["M"], r["N"], r["K"]) == (16, 16, 16)
         assert r["wrapped_us"] > 0 and r["gemm_us"] > 0 and r["untuned_us"] > 0
@@ -106,7 +108,7 @@ def test_overhead_benchmark_end_to_end_on_cpu(tmp_path):
         # their values: the fake clock's test below
         assert all(isinstance(r[k], float) for k in ("added_us", "front_us", "closure_us"))
     assert rows[0]["tuned_us"] is None  # cublas has nothing to tune
-    assert isinstance(rows[2]["tuned_us"], float)
+    assert isinstance(rows[3]["tuned_us"], float)
     assert (tmp_path / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
