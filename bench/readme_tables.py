@@ -6,10 +6,11 @@ A generated region in a markdown file looks like::
     ...generated markdown, replaced by this script...
     <!-- /gemmlab:table -->
 
-The opening marker names a table kind (``ladder``, ``launch``, ``overhead``, ``resources``,
-``study`` or ``stages``) and a results directory, relative to the repository root (or
-absolute); the table is rendered from ``<dir>/results.json`` and replaces the text between
-the markers, which stay.
+The opening marker names a table kind (``ladder``, ``launch``, ``overhead``,
+``overhead-runs``, ``resources``, ``study`` or ``stages``) and a results directory, relative
+to the repository root (or absolute); the table is rendered from ``<dir>/results.json``
+(``overhead-runs``: from each ``<dir>/*/results.json``, one column per run) and replaces the
+text between the markers, which stay.
 
     python3 -m bench.readme_tables [--check] [README]
 
@@ -28,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .gemm_bench import FORMULAS, LAUNCH_BOUND
-from .overhead_bench import added_text
+from .overhead_bench import TARGET_ADDED_US, added_text
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -46,9 +47,13 @@ class TableError(Exception):
     """A README region or results file that cannot be rendered."""
 
 
-def _load(directory: str) -> dict:
+def _folder(directory: str) -> Path:
     path = Path(directory)
-    path = (path if path.is_absolute() else REPO / path) / "results.json"
+    return path if path.is_absolute() else REPO / path
+
+
+def _load(directory: str) -> dict:
+    path = _folder(directory) / "results.json"
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -128,8 +133,9 @@ def _ladder_cell(row: dict) -> str:
     return cell
 
 
-def ladder_table(directory: str, data: dict) -> str:
+def ladder_table(directory: str) -> str:
     """TFLOP/s per backend and shape, one table per (dtype, epilogue) group."""
+    data = _load(directory)
     groups: dict[tuple[str, str], list[dict]] = {}
     for row in data["rows"]:
         groups.setdefault((row["dtype"], row["epilogue"]), []).append(row)
@@ -148,8 +154,9 @@ def ladder_table(directory: str, data: dict) -> str:
     return "\n\n".join(parts)
 
 
-def launch_table(directory: str, data: dict) -> str:
+def launch_table(directory: str) -> str:
     """Call time vs kernel time for the launch-bound rows of a ladder run."""
+    data = _load(directory)
     body = []
     for r in data["rows"]:
         kernel, call = r.get("kernel_ms"), r.get("call_ms")
@@ -163,9 +170,10 @@ def launch_table(directory: str, data: dict) -> str:
     return table + "\n\n" + _provenance(directory, data.get("meta", {}))
 
 
-def overhead_table(directory: str, data: dict) -> str:
+def overhead_table(directory: str) -> str:
     """What ``gemm()`` adds over the wrapped library call, per backend; split into its front
     and the bound launch's part where the run timed the bound launch (``front_us``)."""
+    data = _load(directory)
     split = any(r.get("front_us") is not None for r in data["rows"])
     keys = ("wrapped_us", "gemm_us", "front_us", "closure_us", "tuned_us") if split else (
         "wrapped_us", "gemm_us", "tuned_us")
@@ -183,9 +191,42 @@ def overhead_table(directory: str, data: dict) -> str:
             + _provenance(directory, data.get("meta", {})))
 
 
-def resources_table(directory: str, data: dict) -> str:
+def overhead_runs_table(directory: str) -> str:
+    """What ``gemm()`` adds per backend in each of several ``gemmlab bench --overhead`` runs
+    (the subfolders of ``directory`` that hold a ``results.json``, in name order), the
+    wrapped call's time beside it (a host whose speed changes between runs shows there), and
+    in how many runs it met the target."""
+    runs = sorted(path.parent.name for path in _folder(directory).glob("*/results.json"))
+    if not runs:
+        raise TableError(f"no */results.json under {_folder(directory)}")
+    data = {run: _load(f"{directory}/{run}") for run in runs}
+    cells: dict[tuple[str, str], dict[str, dict]] = {}
+    for run in runs:
+        for r in data[run]["rows"]:
+            cells.setdefault((r["backend"], r["dtype"]), {})[run] = r
+    body = []
+    for (backend, dtype), by_run in cells.items():
+        row, met = [f"`{backend}`", dtype], 0
+        for run in runs:
+            r = by_run.get(run)
+            if r is None:
+                row.append("-")
+            elif not r["ok"]:
+                row.append("FAIL")
+            else:
+                row.append(f"{r['added_us']:.2f} ({r['wrapped_us']:.1f})")
+                met += r["added_us"] <= TARGET_ADDED_US
+        body.append([*row, f"{met} of {len(by_run)}"])
+    header = ["backend", "dtype", *(f"{run}: added (wrapped) µs" for run in runs),
+              f"added ≤ {TARGET_ADDED_US:g} µs"]
+    sources = [_provenance(f"{directory}/{run}", data[run].get("meta", {})) for run in runs]
+    return _table(header, "ll" + "r" * (len(header) - 2), body) + "\n\n" + "\n".join(sources)
+
+
+def resources_table(directory: str) -> str:
     """Registers, shared and local memory, threads and occupancy of each CUDA C kernel and
     dtype (its configuration with the best TFLOP/s in the run), from ``--resources``."""
+    data = _load(directory)
     best: dict[tuple[str, str], dict] = {}
     for r in data.get("resources", []):
         key = r["backend"], r["dtype"]
@@ -202,10 +243,11 @@ def resources_table(directory: str, data: dict) -> str:
             + _provenance(directory, data.get("meta", {})))
 
 
-def study_table(directory: str, data: dict) -> str:
+def study_table(directory: str) -> str:
     """``gemmlab study``'s points: per workload, mode, backend, communicator and P the
     measured step, TFLOP/s per GPU, comm share and scaling efficiency (FAIL: checked wrong,
     never timed)."""
+    data = _load(directory)
     body = []
     for r in data["rows"]:
         point = [r["workload"], r["mode"], f"`{r['backend']}`", r["comm"], str(r["P"])]
@@ -220,9 +262,10 @@ def study_table(directory: str, data: dict) -> str:
             + _provenance(directory, data.get("meta", {})))
 
 
-def stages_table(directory: str, data: dict) -> str:
+def stages_table(directory: str) -> str:
     """``bench.train_stages``' runtime table: one GPT trained in several stages, against the
     serial CPU run."""
+    data = _load(directory)
     body = [[r["stage"], r["dtype"], str(r["ranks"]), str(r["steps"]),
              f"{r['ms_per_step']:.2f}", f"{r['tokens_per_s']:.0f}", f"{r['speedup']:.2f}x",
              f"{r['final_loss']:.4f}", f"{r['max_loss_diff']:.2e}"] for r in data["rows"]]
@@ -234,14 +277,16 @@ def stages_table(directory: str, data: dict) -> str:
 
 KINDS: dict[str, Callable[[str, dict], str]] = {
     "ladder": ladder_table, "launch": launch_table, "overhead": overhead_table,
-    "resources": resources_table, "study": study_table, "stages": stages_table}
+    "overhead-runs": overhead_runs_table, "resources": resources_table, "study": study_table,
+    "stages": stages_table}
 
 
 def render(kind: str, directory: str) -> str:
-    """The markdown for one region: table ``kind`` from ``<directory>/results.json``."""
+    """The markdown for one region: table ``kind`` from ``<directory>/results.json`` (from
+    ``<directory>/*/results.json`` for ``overhead-runs``)."""
     if kind not in KINDS:
         raise TableError(f"unknown table kind {kind!r} (known: {', '.join(KINDS)})")
-    return KINDS[kind](directory, _load(directory))
+    return KINDS[kind](directory)
 
 
 def update(text: str) -> tuple[str, list[str]]:
