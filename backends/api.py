@@ -103,8 +103,8 @@ def gemm(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None, *,
             an operand too large for the backend's indexing; inputs that require grad under
             autograd on a backend without a backward; with ``tuned``, a malformed tuned table
             (the message names the file) or an entry whose config the backend cannot use.
-        TypeError: an argument that is not a tensor; mixed dtypes; a dtype the backend does
-            not support.
+        TypeError: an argument that is not a tensor, or not a dense one (a sparse layout);
+            mixed dtypes; a dtype the backend does not support.
         BackendUnavailableError: the backend cannot run on this machine (the reason is given).
     """
     # The hot path of every call: find the binding of this signature.
@@ -131,7 +131,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None, *,
             if guards.check(*tensors):
                 plan = bound
                 break
-    except (AttributeError, TypeError):  # not tensors: _bind says which
+    except (AttributeError, TypeError, RuntimeError):  # not dense tensors: _bind says which
         head = None
     if plan is None:
         plan = _bind(a, b, c, activation, backend, out, allow_tf32, tuned)
@@ -277,6 +277,9 @@ def _check(impl: Backend, a, b, c, activation, out, allow_tf32) -> tuple[int, in
     for label, t in (("a", a), ("b", b), ("c", c), ("out", out)):
         if t is not None and not isinstance(t, torch.Tensor):
             raise TypeError(f"{label} must be a torch.Tensor, got {type(t).__name__}")
+        if t is not None and t.layout != torch.strided:
+            raise TypeError(f"{label} must be a dense tensor (torch.strided layout), got "
+                            f"{t.layout}")
     if a is None or b is None:
         raise TypeError("a and b are required tensors")
     if a.dim() != 2 or b.dim() != 2:

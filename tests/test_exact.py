@@ -300,6 +300,28 @@ def test_a_negated_view_is_read_and_written_as_its_values(backend, recipe, negat
     assert_exact(d.resolve_neg(), a, b, c, "relu")
 
 
+@pytest.mark.parametrize("backend,recipe", NEGATED_CASES,
+                         ids=[f"{b}-{r.id}" for b, r in NEGATED_CASES])
+@pytest.mark.parametrize("moved", ["a", "b", "c", "out"])
+def test_an_operand_one_element_past_an_aligned_address_is_read_and_written_right(
+        backend, recipe, moved, rng):
+    """The operand named by ``moved`` starts one element into its storage, so its address is
+    not 16-byte aligned: vector loads and TMA need a copy, or another kernel."""
+    device = "cuda" if HAS_GPU else "cpu"
+    m, n = 37, 35
+    a, b, c = exact_inputs(m, n, recipe, device, "full", rng)
+    out = torch.full((m, n), float("nan"), dtype=recipe.dtype, device=device)
+    given = {"a": a, "b": b, "c": c, "out": out}
+    original = given[moved]
+    storage = torch.empty(original.numel() + 1, dtype=recipe.dtype, device=device)
+    given[moved] = storage[1:].view(original.shape).copy_(original)
+    assert given[moved].data_ptr() % 16 != 0
+    d = gemm(given["a"], given["b"], given["c"], activation="relu", backend=backend,
+             out=given["out"])
+    assert d is given["out"]
+    assert_exact(d, a, b, c, "relu")
+
+
 # --- every backend and dtype on a GPU ---------------------------------------------------------
 
 GPU_SHAPES = [(1, 1), (263, 391), (1031, 517)]  # edges of every tile; M past GROUP_M x 128

@@ -111,6 +111,15 @@ class TestBadInput:
         with pytest.raises(TypeError, match="b must be a torch.Tensor, got list"):
             gemm(a, b.tolist(), backend=backend)
 
+    @pytest.mark.parametrize("layout", ["sparse_coo", "sparse_csr"])
+    def test_sparse_operands_are_refused(self, backend, layout, rng):
+        a, b, c = random_inputs(4, 6, 5, generator=rng, **ON[backend])
+        sparse = getattr(a, f"to_{layout}")()
+        with pytest.raises(TypeError, match=f"a must be a dense tensor .* got torch.{layout}"):
+            gemm(sparse, b, c, backend=backend)
+        with pytest.raises(TypeError, match=f"c must be a dense tensor .* got torch.{layout}"):
+            gemm(a, b, getattr(c, f"to_{layout}")(), backend=backend)
+
     def test_mixed_dtypes(self, backend, rng):
         a, b, c = random_inputs(4, 6, 5, generator=rng, **ON[backend])
         with pytest.raises(TypeError, match="share one dtype.*c: torch.float64"):
