@@ -4,12 +4,12 @@ templates (with the add and ReLU fused into their epilogue) against cuBLAS and k
 fastest, once per problem. gemmlab times kernels itself, under CUDA graphs of its own, so
 Inductor's CUDA graphs stay off.
 
-Each problem (shape, dtype, epilogue, TF32) and its operands' strides is compiled once and
-cached, through a function of its own (its own code object): Dynamo caches
-compiled graphs per code object and stops recompiling one after
-``torch._dynamo.config.recompile_limit`` shapes, falling back to eager, which a sweep over
-many shapes would hit. The compile time is reported by ``describe()``, never timed: the
-first call, which compiles, is ``gemm()``'s checked call.
+Each problem (shape, dtype, epilogue, TF32) is compiled once per operand strides and
+cached, through a function of its own (its own code object): Dynamo caches compiled graphs
+per code object and stops recompiling one after ``torch._dynamo.config.recompile_limit``
+shapes, falling back to eager, which a sweep over many shapes would hit. The compile time
+is reported by ``describe()``, never timed: the first call, which compiles, is ``gemm()``'s
+checked call.
 
 Dynamo hands its graph to Inductor through a backend of ours that calls the registered
 ``inductor`` backend with the mode's options (``torch._inductor.list_mode_options``), which

@@ -10,10 +10,10 @@ a NaN-poisoned output:
   planned arguments for cublaslt; the function Inductor compiled for torch_compile's graph
   (what ``gemm()`` calls, past the Dynamo frame hook and guards of the function
   ``torch.compile`` returned); the expression for torch_unfused; ``torch.empty_like`` for
-  D and the driver's ``cuLaunchKernel`` (CuPy's binding) with a
-  prebuilt ``KernelArgs`` buffer for the CUDA C kernels (the tensor maps of cuda_wgmma
-  encoded beforehand); ``torch.empty_like`` and Triton's own ``CompiledKernel[grid](*args)``
-  launch of the compiled kernel for triton_fused.
+  D and the driver's ``cuLaunchKernel`` (CuPy's binding) with a prebuilt ``KernelArgs``
+  buffer for the CUDA C kernels (the tensor maps of cuda_wgmma encoded beforehand);
+  ``torch.empty_like`` and Triton's own ``CompiledKernel[grid](*args)`` launch of the
+  compiled kernel for triton_fused.
 - ``gemm_us``: ``backends.gemm(a, b, c, activation="relu", backend=...)``, tuned (the
   default), after its first call has bound the signature.
 - ``launch_us``: the launch ``gemm()`` binds for that signature, called directly

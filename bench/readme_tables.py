@@ -275,7 +275,7 @@ def stages_table(directory: str) -> str:
             + _provenance(directory, data.get("meta", {})))
 
 
-KINDS: dict[str, Callable[[str, dict], str]] = {
+KINDS: dict[str, Callable[[str], str]] = {
     "ladder": ladder_table, "launch": launch_table, "overhead": overhead_table,
     "overhead-runs": overhead_runs_table, "resources": resources_table, "study": study_table,
     "stages": stages_table}
