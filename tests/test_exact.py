@@ -272,54 +272,48 @@ def test_triton_persistent_kernel_is_exact(recipe, config, rng):
             assert ran.startswith("pointer kernel (PERSISTENT fell back: compute capability")
 
 
-# --- negated views: torch's negation bit (``z.conj().imag`` of a complex z) ------------------
+# --- one operand in another memory form: every backend, exactly -------------------------------
 
-NEGATED_CASES = [(s.name, next(r for r in RECIPES if r.dtype in backends.BACKENDS[s.name].dtypes))
-                 for s in backends.available()
-                 if s.runs and (HAS_GPU or "cpu" in backends.BACKENDS[s.name].devices)]
+ONE_PER_BACKEND = [(s.name, next(r for r in RECIPES if r.dtype in backends.BACKENDS[s.name].dtypes))
+                   for s in backends.available()
+                   if s.runs and (HAS_GPU or "cpu" in backends.BACKENDS[s.name].devices)]
 
 
-@pytest.mark.parametrize("backend,recipe", NEGATED_CASES,
-                         ids=[f"{b}-{r.id}" for b, r in NEGATED_CASES])
-@pytest.mark.parametrize("negated", ["a", "b", "c", "out"])
-def test_a_negated_view_is_read_and_written_as_its_values(backend, recipe, negated, rng):
-    """A kernel reads memory, not the negation bit: the operand named by ``negated`` is a
-    negated view of its negation (same values, memory holding their negatives)."""
+def _negated(t):
+    """A negated view of -t: t's values, its memory holding their negatives (the negation bit,
+    as ``z.conj().imag`` of a complex z gives): a kernel reads memory, not the bit."""
+    view = (-t)._neg_view()
+    assert view.is_neg()
+    return view
+
+
+def _misaligned(t):
+    """t's values one element into a new storage, so the address is not 16-byte aligned:
+    vector loads and TMA need a copy, or another kernel."""
+    storage = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
+    moved = storage[1:].view(t.shape).copy_(t)
+    assert moved.data_ptr() % 16 != 0
+    return moved
+
+
+@pytest.mark.parametrize("backend,recipe", ONE_PER_BACKEND,
+                         ids=[f"{b}-{r.id}" for b, r in ONE_PER_BACKEND])
+@pytest.mark.parametrize("operand", ["a", "b", "c", "out"])
+@pytest.mark.parametrize("form", [_negated, _misaligned], ids=["negated", "misaligned"])
+def test_an_operand_in_another_memory_form_is_read_and_written_as_its_values(
+        backend, recipe, operand, form, rng):
     device = "cuda" if HAS_GPU else "cpu"
     m, n = 37, 35
     a, b, c = exact_inputs(m, n, recipe, device, "full", rng)
     out = torch.full((m, n), float("nan"), dtype=recipe.dtype, device=device)
     given = {"a": a, "b": b, "c": c, "out": out}
-    original = given[negated]
-    given[negated] = (-original)._neg_view()
-    assert given[negated].is_neg()
-    torch.testing.assert_close(given[negated], original, rtol=0, atol=0, equal_nan=True)
+    given[operand] = form(given[operand])
+    torch.testing.assert_close(given[operand], {"a": a, "b": b, "c": c, "out": out}[operand],
+                               rtol=0, atol=0, equal_nan=True)
     d = gemm(given["a"], given["b"], given["c"], activation="relu", backend=backend,
              out=given["out"])
     assert d is given["out"]
     assert_exact(d.resolve_neg(), a, b, c, "relu")
-
-
-@pytest.mark.parametrize("backend,recipe", NEGATED_CASES,
-                         ids=[f"{b}-{r.id}" for b, r in NEGATED_CASES])
-@pytest.mark.parametrize("moved", ["a", "b", "c", "out"])
-def test_an_operand_one_element_past_an_aligned_address_is_read_and_written_right(
-        backend, recipe, moved, rng):
-    """The operand named by ``moved`` starts one element into its storage, so its address is
-    not 16-byte aligned: vector loads and TMA need a copy, or another kernel."""
-    device = "cuda" if HAS_GPU else "cpu"
-    m, n = 37, 35
-    a, b, c = exact_inputs(m, n, recipe, device, "full", rng)
-    out = torch.full((m, n), float("nan"), dtype=recipe.dtype, device=device)
-    given = {"a": a, "b": b, "c": c, "out": out}
-    original = given[moved]
-    storage = torch.empty(original.numel() + 1, dtype=recipe.dtype, device=device)
-    given[moved] = storage[1:].view(original.shape).copy_(original)
-    assert given[moved].data_ptr() % 16 != 0
-    d = gemm(given["a"], given["b"], given["c"], activation="relu", backend=backend,
-             out=given["out"])
-    assert d is given["out"]
-    assert_exact(d, a, b, c, "relu")
 
 
 # --- every backend and dtype on a GPU ---------------------------------------------------------
