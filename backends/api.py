@@ -14,6 +14,7 @@ from .registry import BACKENDS, LADDER, Backend
 
 ACTIVATIONS = (None, "relu")
 _grad_enabled = torch.is_grad_enabled  # one name lookup less on the hot path
+_any_autocast = torch._C._is_any_autocast_enabled
 
 
 class BackendUnavailableError(RuntimeError):
@@ -82,14 +83,16 @@ def gemm(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None, *,
     A negated view (``is_neg()``, as ``z.conj().imag`` gives) is read as its values: every
     backend receives a resolved copy of such an input and writes through a buffer into such
     an ``out`` (kernels read memory, not torch's negation bit).
-    M, N or K = 0 give the exact answer (an empty D, or act(C) / zeros) without a launch.
+    Under ``torch.autocast`` the backend runs with autocast off: D is computed in, and
+    returned as, the operands' dtype. M, N or K = 0 give the exact answer (an empty D, or
+    act(C) / zeros) without a launch.
 
     Cost: the first call of a signature (the arguments, every tensor's shape, strides, dtype,
     device, ``requires_grad``, view flags and the 16-byte alignment of its address, grad
-    mode, and the tuned table's version) runs every check, resolves the tuned entry and
-    binds the backend's launch (compiling if needed); later calls of that signature find
-    the binding (``backends.signature``'s guards compare the tensors) and only check what
-    depends on the data: that ``out`` does not overlap an input.
+    mode, whether autocast is on, and the tuned table's version) runs every check, resolves
+    the tuned entry and binds the backend's launch (compiling if needed); later calls of
+    that signature find the binding (``backends.signature``'s guards compare the tensors)
+    and only check what depends on the data: that ``out`` does not overlap an input.
 
     Returns:
         D, shape (M, N), A's dtype and device (``out`` itself when given).
@@ -126,7 +129,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None, *,
         if misaligned:
             misaligned = tuple(t.data_ptr() & 15 for t in tensors)
         head = (backend, activation, allow_tf32, tuned, tuning.generation, _grad_enabled(),
-                c is None, out is None, misaligned)
+                _any_autocast(), c is None, out is None, misaligned)
         for guards, bound in _PLANS.get(head, ()):
             if guards.check(*tensors):
                 plan = bound
@@ -204,14 +207,29 @@ def _bind(a, b, c, activation, backend, out, allow_tf32, tuned) -> Plan:
     relu = activation == "relu"
     spans = (_span(a), _span(b), _span(c), _span(out))
     if m == 0 or n == 0 or k == 0:
-        return Plan(lambda a, b, c, out: _degenerate(m, n, a, c, relu, out), impl.name, spans)
-    p = Problem.of(a, b, c, relu, allow_tf32)
-    if tuned and impl.pin is not None:
-        choice = tuning.resolve(impl, a.device, a.dtype, allow_tf32, m, n, k)
-        launch = impl.bind(p, choice.config, choice.note)
+        launch = lambda a, b, c, out: _degenerate(m, n, a, c, relu, out)  # noqa: E731
     else:
-        launch = impl.bind(p, None)
-    return Plan(_readable(launch, p, impl.strided, a, b, c, out), impl.name, spans)
+        p = Problem.of(a, b, c, relu, allow_tf32)
+        if tuned and impl.pin is not None:
+            choice = tuning.resolve(impl, a.device, a.dtype, allow_tf32, m, n, k)
+            launch = impl.bind(p, choice.config, choice.note)
+        else:
+            launch = impl.bind(p, None)
+        launch = _readable(launch, p, impl.strided, a, b, c, out)
+    if _any_autocast():
+        launch = _without_autocast(launch, a.device.type)
+    return Plan(launch, impl.name, spans)
+
+
+def _without_autocast(launch: Launch, device_type: str) -> Launch:
+    """``launch`` with autocast off for the operands' device: under ``torch.autocast`` the
+    torch backends' matmuls would run in the autocast dtype (and ``cublas`` return it), where
+    ``gemm()`` computes in the operands' dtype (fp32 means IEEE fp32) and returns it."""
+    def as_written(a, b, c, out):
+        with torch.autocast(device_type, enabled=False):
+            return launch(a, b, c, out)
+
+    return as_written
 
 
 def _readable(launch: Launch, p: Problem, strided: bool, a, b, c, out) -> Launch:

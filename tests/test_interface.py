@@ -220,6 +220,19 @@ def test_non_contiguous_inputs_and_out(backend, c_kind, rng):
 
 
 @pytest.mark.parametrize("backend", RUNNING)
+def test_autocast_does_not_change_what_gemm_computes(backend, rng):
+    """Under torch.autocast the torch backends' matmuls would run in the autocast dtype
+    (fp16 on CUDA, bf16 on CPU) and cublas would return it: D stays in A's dtype and within
+    its tolerance, and the same signature outside autocast is bound apart."""
+    a, b, c = random_inputs(33, 17, 65, generator=rng, **ON[backend])
+    with torch.autocast(DEVICE):
+        d = gemm(a, b, c, activation="relu", backend=backend)
+    assert d.dtype == a.dtype
+    assert_matches_reference(d, a, b, c, "relu")
+    assert_matches_reference(gemm(a, b, c, activation="relu", backend=backend), a, b, c, "relu")
+
+
+@pytest.mark.parametrize("backend", RUNNING)
 def test_out_receives_d_and_inputs_are_untouched(backend, rng):
     a, b, c = random_inputs(33, 17, 9, generator=rng, **ON[backend])
     copies = [t.clone() for t in (a, b, c)]
@@ -403,9 +416,8 @@ def test_torch_compile_runs_inductors_graph_past_dynamo_after_the_first_call(rng
     data, run the graph Inductor compiled without calling Dynamo's guarded function."""
     a, b, c = random_inputs(19, 23, 17, device=DEVICE, generator=rng)
     gemm(a, b, c, activation="relu", backend="torch_compile")
-    entry = torch_compile.compiled(Problem.of(a, b, c, True),
-                                   (a.stride(), b.stride(), c.stride()))
-    assert entry.graph is not None
+    entry = torch_compile.compiled(Problem.of(a, b, c, True), a, b, c)
+    assert len(entry.graphs) == 1 and entry.direct() is entry.graphs[0]
 
     def dynamo(*args):
         raise AssertionError("the torch.compile'd function was called")
@@ -415,6 +427,29 @@ def test_torch_compile_runs_inductors_graph_past_dynamo_after_the_first_call(rng
         a, b, c = random_inputs(19, 23, 17, device=DEVICE, generator=rng)
         assert_matches_reference(gemm(a, b, c, activation="relu", backend="torch_compile"),
                                  a, b, c, "relu")
+
+
+def test_torch_compile_calls_dynamos_function_where_dynamo_compiled_twice(rng):
+    """A state Dynamo guards on and gemm()'s signature does not (deterministic algorithms)
+    changes between two signatures of one compiled function: Dynamo compiles it again, and
+    the second binding calls Dynamo's function, which picks the graph for the state."""
+    a, b, c = random_inputs(21, 11, 9, device=DEVICE, generator=rng)
+    entry = torch_compile.compiled(Problem.of(a, b, c, True), a, b, c)
+    gemm(a, b, c, activation="relu", backend="torch_compile")
+    deterministic = (torch.are_deterministic_algorithms_enabled(),
+                     torch.is_deterministic_algorithms_warn_only_enabled())
+    torch.use_deterministic_algorithms(True, warn_only=True)  # cuBLAS would raise otherwise
+    try:
+        out = torch.full((21, 11), float("nan"), device=DEVICE)  # another signature
+        gemm(a, b, c, activation="relu", backend="torch_compile", out=out)
+        assert len(entry.graphs) == 2 and entry.direct() not in entry.graphs
+        for _ in range(2):
+            a.copy_(torch.randn(21, 9, generator=rng))
+            out.fill_(float("nan"))
+            gemm(a, b, c, activation="relu", backend="torch_compile", out=out)
+            assert_matches_reference(out, a, b, c, "relu")
+    finally:
+        torch.use_deterministic_algorithms(deterministic[0], warn_only=deterministic[1])
 
 
 def test_torch_compile_refuses_a_graph_whose_inputs_are_not_a_b_c():
