@@ -120,11 +120,11 @@ def _row_major(t: torch.Tensor, rows: int, cols: int) -> bool:
 
 class Plan:
     """The descriptors, layouts and algorithm of one cuBLASLt problem: the operands' layouts
-    (``_operand``'s answers), the epilogue and the pointers' alignment. ``matmul(a_ptr,
-    b_ptr, c_ptr, d_ptr, stream)`` runs it; ``c_ptr`` is the full C, or the bias, or 0;
-    ``arguments`` gives the ``cublasLtMatmul`` call it makes. ``a_layout`` and ``b_layout``
-    are ``("row" | "col", leading dimension)``; ``c_ld`` (full C) and ``d_ld`` are row
-    strides; ``bias_ptr`` is the bias the plan starts with.
+    (``_operand``'s answers), the epilogue and the pointers' alignment. ``caller(stream)``
+    runs it on a stream as ``call(a_ptr, b_ptr, c_ptr, d_ptr)``; ``c_ptr`` is the full C, or
+    the bias, or 0; ``arguments`` gives the ``cublasLtMatmul`` call it makes. ``a_layout``
+    and ``b_layout`` are ``("row" | "col", leading dimension)``; ``c_ld`` (full C) and
+    ``d_ld`` are row strides; ``bias_ptr`` is the bias the plan starts with.
 
     Raises:
         RuntimeError: cuBLASLt's heuristic has no algorithm for it.
@@ -200,7 +200,6 @@ class Plan:
                      f"{alignment}-byte alignment, "
                      f"workspace {int(self._heuristic.workspace_size)} B")
         self._lock = threading.Lock()
-        self._tails: dict[int, tuple] = {}
 
     def _keep(self, destroy, obj: int) -> int:
         self._objects.append((destroy, obj))
@@ -210,26 +209,35 @@ class Plan:
                   stream: int) -> tuple:
         """``cublasLtMatmul``'s 16 arguments for these pointers on ``stream`` (C is D's
         pointer when there is no full C: beta is 0 then, and C is not read)."""
-        tail = self._tails.get(stream)
-        if tail is None:  # D's layout, the algorithm, the stream's workspace, the stream
-            tail = self._tails[stream] = (*self._d_layout_and_algo,
-                                          *_workspace(self.device, stream), stream)
         bt, at, beta, ct = self._layouts
         c = c_ptr if self.full_c else d_ptr
-        return (*self._head, b_ptr, bt, a_ptr, at, beta, c, ct, d_ptr, *tail)
+        return (*self._head, b_ptr, bt, a_ptr, at, beta, c, ct, d_ptr,
+                *self._d_layout_and_algo, *_workspace(self.device, stream), stream)
 
-    def matmul(self, a_ptr: int, b_ptr: int, c_ptr: int, d_ptr: int, stream: int) -> None:
-        """One ``cublasLtMatmul`` on ``stream``: D (at ``d_ptr``) = act(A B + C), ``c_ptr``
-        the full C, the bias or 0."""
-        args = self.arguments(a_ptr, b_ptr, c_ptr, d_ptr, stream)
-        if not self.bias:
-            self._call(*args)
-            return
-        with self._lock:  # the bias pointer lives in the shared descriptor
-            if c_ptr != self._bias_ptr:
-                self._set_bias(c_ptr)
-                self._bias_ptr = c_ptr
-            self._call(*args)
+    def caller(self, stream: int):
+        """``call(a_ptr, b_ptr, c_ptr, d_ptr)``: one ``cublasLtMatmul`` on ``stream``, D (at
+        ``d_ptr``) = act(A B + C), ``c_ptr`` the full C, the bias or 0. Everything but the
+        pointers is bound here, once per stream: the call passes ``arguments``' values
+        positionally, with no tuple built per call."""
+        (handle, desc, alpha, _, bt, _, at, beta, _, ct, _, dt, algo, workspace, size,
+         _) = self.arguments(0, 0, 0, 0, stream)
+        matmul, full_c = self._call, self.full_c
+
+        def call(a_ptr, b_ptr, c_ptr, d_ptr):
+            matmul(handle, desc, alpha, b_ptr, bt, a_ptr, at, beta,
+                   c_ptr if full_c else d_ptr, ct, d_ptr, dt, algo, workspace, size, stream)
+
+        if self.bias:
+            def with_bias(a_ptr, b_ptr, c_ptr, d_ptr):
+                with self._lock:  # the bias pointer lives in the shared descriptor
+                    if c_ptr != self._bias_ptr:
+                        self._set_bias(c_ptr)
+                        self._bias_ptr = c_ptr
+                    call(a_ptr, b_ptr, c_ptr, d_ptr)
+
+            return with_bias
+        call.plan = self  # the call holds handles the plan owns: it keeps the plan alive
+        return call
 
     def __del__(self):
         for destroy, obj in reversed(getattr(self, "_objects", ())):
@@ -248,6 +256,8 @@ def bind(p: Problem, config=None) -> Launch:
     raw_stream, current_device = torch._C._cuda_getCurrentRawStream, torch._C._cuda_getDevice
     layout: list = []  # A's and B's _operand, whether C is copied, whether D goes through one
     plans: dict[int, Plan] = {}  # the pointers' low 8 bits (their alignment) -> Plan
+    # stream << 8 | the pointers' low 8 bits -> (Plan.caller(stream), Plan.text)
+    calls: dict[int, tuple] = {}
     per_thread = threading.local()  # ``ready`` once the thread's context is bound
     template, empty_like = p.d_template, torch.empty_like
 
@@ -269,19 +279,23 @@ def bind(p: Problem, config=None) -> Launch:
         d = empty_like(template) if through or out is None else out
         a_ptr, b_ptr, d_ptr = a.data_ptr(), b.data_ptr(), d.data_ptr()
         c_ptr = 0 if c is None else c.data_ptr()
+        stream = raw_stream(device)
         low_bits = (a_ptr | b_ptr | c_ptr | d_ptr) & 255
-        plan = plans.get(low_bits)
-        if plan is None:
-            plan = plans[low_bits] = Plan(
-                p, device, a_how or ("row", p.k), b_how or ("row", p.n),
-                c.stride(0) if p.c == "full" else None, d.stride(0), _aligned_to(low_bits),
-                c_ptr)
+        bound = calls.get(stream << 8 | low_bits)
+        if bound is None:
+            plan = plans.get(low_bits)
+            if plan is None:
+                plan = plans[low_bits] = Plan(
+                    p, device, a_how or ("row", p.k), b_how or ("row", p.n),
+                    c.stride(0) if p.c == "full" else None, d.stride(0),
+                    _aligned_to(low_bits), c_ptr)
+            bound = calls[stream << 8 | low_bits] = (plan.caller(stream), plan.text)
         if current_device() == device:
-            plan.matmul(a_ptr, b_ptr, c_ptr, d_ptr, raw_stream(device))
+            bound[0](a_ptr, b_ptr, c_ptr, d_ptr)
         else:
             with torch.cuda.device(device):
-                plan.matmul(a_ptr, b_ptr, c_ptr, d_ptr, raw_stream(device))
-        _last[0] = plan.text
+                bound[0](a_ptr, b_ptr, c_ptr, d_ptr)
+        _last[0] = bound[1]
         return out.copy_(d) if through else d
 
     return launch
