@@ -5,15 +5,16 @@ Per backend (and dtype) on fresh random A, B, C, every call first checked agains
 a NaN-poisoned output:
 
 - ``wrapped_us``: the library call the backend makes, set up once by hand and then only
-  called, a new D each call as ``gemm()`` gives: ``torch.addmm(c, a, b).relu_()`` for
-  cublas; ``torch.empty_like`` for D and nvmath's binding of ``cublasLtMatmul`` with the
-  planned arguments for cublaslt; the function Inductor compiled for torch_compile's graph
-  (what ``gemm()`` calls, past the Dynamo frame hook and guards of the function
-  ``torch.compile`` returned); the expression for torch_unfused; ``torch.empty_like`` for
-  D and the driver's ``cuLaunchKernel`` (CuPy's binding) with a prebuilt ``KernelArgs``
-  buffer for the CUDA C kernels (the tensor maps of cuda_wgmma encoded beforehand);
-  ``torch.empty_like`` and Triton's own ``CompiledKernel[grid](*args)`` launch of the
-  compiled kernel for triton_fused.
+  called, a new D each call as ``gemm()`` gives, and the operands' addresses read per call
+  as any caller must: ``torch.addmm(c, a, b).relu_()`` for cublas; ``torch.empty_like`` for
+  D and nvmath's binding of ``cublasLtMatmul`` with the planned arguments for cublaslt; the
+  function Inductor compiled for torch_compile's graph (what ``gemm()`` calls, past the
+  Dynamo frame hook and guards of the function ``torch.compile`` returned); the expression
+  for torch_unfused; ``torch.empty_like`` for D and the driver's ``cuLaunchKernel`` (CuPy's
+  binding) with a prebuilt ``KernelArgs`` buffer for the CUDA C kernels (the tensor maps of
+  cuda_wgmma encoded beforehand); ``torch.empty_like`` and Triton's own
+  ``CompiledKernel[grid](*args)`` launch of the compiled kernel for triton_fused. The
+  cuBLASLt and driver calls take the stream current at set-up.
 - ``gemm_us``: ``backends.gemm(a, b, c, activation="relu", backend=...)``, tuned (the
   default), after its first call has bound the signature.
 - ``launch_us``: the launch ``gemm()`` binds for that signature, called directly
@@ -86,8 +87,10 @@ def _wrapped(name: str, p: Problem, a, b, c, d) -> Callable[[], object]:
         args = list(plan.arguments(a.data_ptr(), b.data_ptr(), c.data_ptr(), d.data_ptr(),
                                    torch.cuda.current_stream().cuda_stream))
 
-        def lt_launch():
-            args[10] = (out := torch.empty_like(d)).data_ptr()  # D's place: a new D per call
+        def lt_launch():  # the operands' addresses read per call, as any caller must
+            out = torch.empty_like(d)
+            args[3], args[5], args[8], args[10] = (b.data_ptr(), a.data_ptr(), c.data_ptr(),
+                                                   out.data_ptr())
             matmul(*args)
             return out
 
