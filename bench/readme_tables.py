@@ -193,10 +193,11 @@ def overhead_table(directory: str) -> str:
 
 def overhead_runs_table(directory: str) -> str:
     """What ``gemm()`` adds per backend in each of several ``gemmlab bench --overhead`` runs
-    (the subfolders of ``directory`` that hold a ``results.json``, in name order), the
-    wrapped call's time beside it (a host whose speed changes between runs shows there), and
-    in how many runs it met the target."""
-    runs = sorted(path.parent.name for path in _folder(directory).glob("*/results.json"))
+    (the subfolders of ``directory`` that hold a ``results.json``, in name order, numbers
+    compared as numbers: run-9 before run-10), the wrapped call's time beside it (a host
+    whose speed changes between runs shows there), and in how many runs it met the target."""
+    runs = sorted((path.parent.name for path in _folder(directory).glob("*/results.json")),
+                  key=_natural)
     if not runs:
         raise TableError(f"no */results.json under {_folder(directory)}")
     data = {run: _load(f"{directory}/{run}") for run in runs}
@@ -221,6 +222,11 @@ def overhead_runs_table(directory: str) -> str:
               f"added ≤ {TARGET_ADDED_US:g} µs"]
     sources = [_provenance(f"{directory}/{run}", data[run].get("meta", {})) for run in runs]
     return _table(header, "ll" + "r" * (len(header) - 2), body) + "\n\n" + "\n".join(sources)
+
+
+def _natural(name: str) -> list:
+    """Sort key that compares the digit runs of ``name`` as numbers."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
 
 
 def resources_table(directory: str) -> str:

@@ -148,24 +148,25 @@ def test_overhead_table_splits_added_where_the_run_timed_the_bound_launch(tmp_pa
 
 
 def test_overhead_runs_table_has_a_column_per_run_and_counts_the_runs_that_met(tmp_path):
+    """One column per run, in run order (run-9 before run-10, numbers compared as numbers)."""
     def row(backend, added, wrapped, ok=True):
         return {"backend": backend, "dtype": "fp32", "M": 32, "N": 32, "K": 32, "ok": ok,
                 "added_us": added, "wrapped_us": wrapped}
 
-    write(tmp_path, "run-1", [row("cublas", 2.5, 25.04), row("cublaslt", 3.04, 11.0)])
-    write(tmp_path, "run-2", [row("cublas", 3.25, 30.0), row("cublaslt", None, None, ok=False)],
+    write(tmp_path, "run-9", [row("cublas", 2.5, 25.04), row("cublaslt", 3.04, 11.0)])
+    write(tmp_path, "run-10", [row("cublas", 3.25, 30.0), row("cublaslt", None, None, ok=False)],
           meta={**META, "git_commit": "fedcba9876543210"})
     (tmp_path / "notes").mkdir()  # a folder without results.json is not a run
     lines = rt.render("overhead-runs", str(tmp_path)).split("\n")
     assert lines[:4] == [
-        "| backend | dtype | run-1: added (wrapped) µs | run-2: added (wrapped) µs "
+        "| backend | dtype | run-9: added (wrapped) µs | run-10: added (wrapped) µs "
         "| added ≤ 3 µs |",
         "| --- | --- | ---: | ---: | ---: |",
         "| `cublas` | fp32 | 2.50 (25.0) | 3.25 (30.0) | 1 of 2 |",
         "| `cublaslt` | fp32 | 3.04 (11.0) | FAIL | 0 of 2 |",
     ]
-    assert lines[5].startswith(f"Source: `{tmp_path}/run-1/results.json`, commit `0123456`")
-    assert lines[6].startswith(f"Source: `{tmp_path}/run-2/results.json`, commit `fedcba9`")
+    assert lines[5].startswith(f"Source: `{tmp_path}/run-9/results.json`, commit `0123456`")
+    assert lines[6].startswith(f"Source: `{tmp_path}/run-10/results.json`, commit `fedcba9`")
 
 
 def test_overhead_runs_table_needs_runs(tmp_path):
