@@ -10,7 +10,7 @@ from profiling import nvtx
 
 from . import signature, tuning
 from .problem import Launch, Problem
-from .registry import BACKENDS, LADDER, Backend
+from .registry import ANY_ADDRESS, BACKENDS, LADDER, Backend
 
 ACTIVATIONS = (None, "relu")
 _grad_enabled = torch.is_grad_enabled  # one name lookup less on the hot path
@@ -88,11 +88,12 @@ def gemm(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None, *,
     act(C) / zeros) without a launch.
 
     Cost: the first call of a signature (the arguments, every tensor's shape, strides, dtype,
-    device, ``requires_grad``, view flags and the 16-byte alignment of its address, grad
-    mode, whether autocast is on, and the tuned table's version) runs every check, resolves
-    the tuned entry and binds the backend's launch (compiling if needed); later calls of
-    that signature find the binding (``backends.signature``'s guards compare the tensors)
-    and only check what depends on the data: that ``out`` does not overlap an input.
+    device, ``requires_grad``, view flags and, unless the backend takes any address
+    (``Backend.any_address``), the 16-byte alignment of its address; grad mode, whether
+    autocast is on, and the tuned table's version) runs every check, resolves the tuned
+    entry and binds the backend's launch (compiling if needed); later calls of that
+    signature find the binding (``backends.signature``'s guards compare the tensors) and
+    only check what depends on the data: that ``out`` does not overlap an input.
 
     Returns:
         D, shape (M, N), A's dtype and device (``out`` itself when given).
@@ -116,18 +117,21 @@ def gemm(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None, *,
         if b is a:  # torch's guard refuses one tensor in two places: it gets a view
             b = a.view_as(a)
         if c is None:
-            tensors, pointers = (a, b), a.data_ptr() | b.data_ptr()
+            tensors = (a, b)
         else:
             if c is a or c is b:
                 c = c.view_as(c)
-            tensors, pointers = (a, b, c), a.data_ptr() | b.data_ptr() | c.data_ptr()
+            tensors = (a, b, c)
         if out is not None:
             if out is a or out is b or out is c:
                 out = out.view_as(out)
-            tensors, pointers = (*tensors, out), pointers | out.data_ptr()
-        misaligned = pointers & 15
-        if misaligned:
-            misaligned = tuple(t.data_ptr() & 15 for t in tensors)
+            tensors = (*tensors, out)
+        misaligned = None  # a binding of an ANY_ADDRESS backend serves every alignment
+        if backend not in ANY_ADDRESS:
+            misaligned = (a.data_ptr() | b.data_ptr() | (0 if c is None else c.data_ptr())
+                          | (0 if out is None else out.data_ptr())) & 15
+            if misaligned:
+                misaligned = tuple(t.data_ptr() & 15 for t in tensors)
         head = (backend, activation, allow_tf32, tuned, tuning.generation, _grad_enabled(),
                 _any_autocast(), c is None, out is None, misaligned)
         for guards, bound in _PLANS.get(head, ()):

@@ -36,7 +36,8 @@ class Backend:
         summary: the technique it adds, one line.
         bind: ``bind(problem, config)`` returns the backend's ``Launch`` for one ``Problem``
             (``problem.Launch``); ``gemm()`` binds once per call signature (shapes, strides,
-            dtypes, devices, the alignment of each pointer) and after that only launches.
+            dtypes, devices, the alignment of each pointer unless ``any_address``) and
+            after that only launches.
             ``config`` is None (the default configuration) or, for a backend with ``pin``,
             the configuration ``pin`` built from a tuned entry; such a backend also takes
             ``note``, the tuning note its ``config()`` reports.
@@ -46,6 +47,14 @@ class Backend:
         tf32: honours ``allow_tf32=True`` (fp32 operands on the TF32 tensor cores).
         strided: reads any strides; otherwise ``gemm()`` hands it contiguous copies.
         differentiable: autograd can differentiate through it.
+        any_address: its launch takes operands at any address, so ``gemm()`` binds it once
+            for every alignment and reads no pointer to find the binding: the torch
+            backends (Inductor's graph copies an input it assumed aligned when it is not),
+            cuBLASLt (its launch plans per alignment) and the CUDA C kernels (each checks its
+            bases' alignment before a vector access; the TMA rungs copy a misaligned A or B
+            and choose D's and C's maps per launch). Otherwise (``triton_fused``: Triton
+            specializes a kernel on its pointers' 16-byte alignment) a binding is for the
+            16-byte misalignment of each pointer of its first call.
         max_numel: largest element count of any operand it can index, or None.
         unavailable: returns why it cannot run on this machine, or None when it can.
         config: returns the configuration of its latest launch (compile-time sizes, the
@@ -77,6 +86,7 @@ class Backend:
     pin: Callable[[dict], Any] | None = None
     search_space: Callable[[str, torch.device], list[dict[str, int]]] | None = None
     default_config: dict[str, int] | None = None
+    any_address: bool = False
 
     def bind_config(self, problem: Problem, config: dict[str, int] | None,
                     note: str) -> Launch:
@@ -236,7 +246,7 @@ def _cuda_backend(name: str, summary: str, kernel: CudaKernel) -> Backend:
                    unavailable=sm90a_unavailable_reason if kernel.tma else cuda_unavailable_reason,
                    config=describe, pin=lambda params: _pin_cuda(kernel, params),
                    search_space=None if kernel.space is None else search_space,
-                   default_config=dict(kernel.params))
+                   default_config=dict(kernel.params), any_address=True)
 
 
 def _positive(config: dict, fields, switches=()) -> None:
@@ -302,21 +312,27 @@ LADDER: tuple[Backend, ...] = (
     Backend("cublas", "cuBLAS via torch.mm/addmm (+C as beta=1), then an in-place ReLU",
             torch_backends.bind_cublas, torch_backends.DTYPES, ("cuda", "cpu"),
             fused_epilogue=False, tf32=True, strided=True, differentiable=True,
-            max_numel=None, unavailable=_runs_everywhere, config=lambda: "cuBLAS heuristics"),
+            max_numel=None, unavailable=_runs_everywhere, config=lambda: "cuBLAS heuristics",
+            any_address=True),
     Backend("cublaslt", "cuBLASLt with its fused epilogue (C as beta=1, or bias; ReLU) via "
             "nvmath-python", cublaslt.bind, cublaslt.DTYPES, ("cuda",),
             fused_epilogue=True, tf32=True, strided=True, differentiable=False,
-            max_numel=None, unavailable=cublaslt.unavailable_reason, config=cublaslt.describe),
+            max_numel=None, unavailable=cublaslt.unavailable_reason, config=cublaslt.describe,
+            any_address=True),
     Backend("torch_compile", "torch.compile(mode='max-autotune-no-cudagraphs') of "
             "relu(a @ b + c): Inductor's fused Triton templates or cuBLAS",
             torch_compile.bind, torch_compile.DTYPES, ("cuda", "cpu"),
             fused_epilogue=True, tf32=True, strided=True, differentiable=False,
-            max_numel=None, unavailable=_runs_everywhere, config=torch_compile.describe),
+            max_numel=None, unavailable=_runs_everywhere, config=torch_compile.describe,
+            any_address=True),
     Backend("torch_unfused", "torch.relu(a @ b + c) as a user writes it: three kernels",
             torch_backends.bind_unfused, torch_backends.DTYPES, ("cuda", "cpu"),
             fused_epilogue=False, tf32=True, strided=True, differentiable=True,
-            max_numel=None, unavailable=_runs_everywhere, config=lambda: "cuBLAS + 2 elementwise"),
+            max_numel=None, unavailable=_runs_everywhere, config=lambda: "cuBLAS + 2 elementwise",
+            any_address=True),
     *(_cuda_backend(*rung) for rung in _CUDA_RUNGS),
     _triton_backend(),
 )
 BACKENDS: dict[str, Backend] = {b.name: b for b in LADDER}
+# The backends whose bindings serve operands at any address (``Backend.any_address``).
+ANY_ADDRESS = frozenset(b.name for b in LADDER if b.any_address)

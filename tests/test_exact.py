@@ -316,6 +316,45 @@ def test_an_operand_in_another_memory_form_is_read_and_written_as_its_values(
     assert_exact(d.resolve_neg(), a, b, c, "relu")
 
 
+ALIGNED_PER_BACKEND = [
+    (s.name, next(r for r in PERSISTENT_RECIPES if r.dtype in backends.BACKENDS[s.name].dtypes))
+    for s in backends.available()
+    if s.runs and (HAS_GPU or "cpu" in backends.BACKENDS[s.name].devices)]
+
+
+@pytest.mark.parametrize("backend,recipe", ALIGNED_PER_BACKEND,
+                         ids=[f"{b}-{r.id}" for b, r in ALIGNED_PER_BACKEND])
+@pytest.mark.parametrize("operand", ["a", "b", "c", "out"])
+@pytest.mark.parametrize("first", ["aligned", "misaligned"])
+def test_one_signature_at_another_alignment_is_exact_and_rebinds_only_where_it_must(
+        backend, recipe, operand, first, rng, monkeypatch):
+    """Rows of 16-byte multiples (K and N multiples of 8), where the vector paths run (16-byte
+    loads, cp.async, TMA, 16-byte stores of D): three calls of one signature (shapes and
+    strides), one operand in turn aligned, one element off alignment and aligned again (or
+    the other way round). D is exact each time: the kernels check their bases, not only K
+    and N. A backend that takes any address (``Backend.any_address``) serves all three from
+    its first binding; another binds once more, for the second call."""
+    from backends import api
+
+    monkeypatch.setattr(api, "_PLANS", {})
+    binds = []
+    bind = api._bind
+    monkeypatch.setattr(api, "_bind", lambda *args: binds.append(args) or bind(*args))
+    device = "cuda" if HAS_GPU else "cpu"
+    m, n = 40, 72
+    a, b, c = exact_inputs(m, n, recipe, device, "full", rng)
+    aligned, off = torch.Tensor.clone, _misaligned
+    for form in (aligned, off, aligned) if first == "aligned" else (off, aligned, off):
+        out = torch.full((m, n), float("nan"), dtype=recipe.dtype, device=device)
+        given = {"a": a, "b": b, "c": c, "out": out}
+        given[operand] = form(given[operand])
+        d = gemm(given["a"], given["b"], given["c"], activation="relu", backend=backend,
+                 out=given["out"])
+        assert d is given["out"]
+        assert_exact(d, a, b, c, "relu")
+    assert len(binds) == (1 if backends.BACKENDS[backend].any_address else 2)
+
+
 # --- every backend and dtype on a GPU ---------------------------------------------------------
 
 GPU_SHAPES = [(1, 1), (263, 391), (1031, 517)]  # edges of every tile; M past GROUP_M x 128

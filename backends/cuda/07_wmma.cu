@@ -23,8 +23,8 @@
 //   and applies C, ReLU and the bounds checks from there.
 // Measured numbers: the README's ladder tables (bench/results/h200-ladder).
 // Alignment: 16-byte global loads need 16-byte aligned rows, i.e. K % 8 == 0 for A and
-// N % 8 == 0 for B; otherwise that operand is read element by element with zeros outside
-// the matrix. Any M, N, K >= 1 works; partial edge tiles compute on zeros and are not stored.
+// N % 8 == 0 for B, and a 16-byte aligned base; otherwise that operand is read element by
+// element with zeros outside the matrix (and D, likewise, stored element by element). Any M, N, K >= 1 works; partial edge tiles compute on zeros and are not stored.
 // References: CUDA C++ Programming Guide, "Warp Matrix Functions" (wmma fragments,
 // load_matrix_sync alignment and ldm rules, bf16 support on sm_80+); CUTLASS docs,
 // efficient_gemm.md (block/warp tiling, shared-memory double buffering).
@@ -93,8 +93,9 @@ gemm_wmma(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
     const int m0 = blockIdx.y * BLOCK_M;
     const int n0 = blockIdx.x * BLOCK_N;
     const int KT = (K + BLOCK_K - 1) / BLOCK_K;
-    const bool a_vec = (K & 7) == 0;  // rows of A 16-byte aligned: uniform over the grid
-    const bool b_vec = (N & 7) == 0;
+    // Rows of A (B) 16-byte aligned: uniform over the grid.
+    const bool a_vec = (K & 7) == 0 && (reinterpret_cast<unsigned long long>(A) & 15) == 0;
+    const bool b_vec = (N & 7) == 0 && (reinterpret_cast<unsigned long long>(B) & 15) == 0;
 
     // Thread t handles chunks t, t + THREADS, ... of each tile: consecutive threads read
     // consecutive 16-byte chunks of a row (coalesced).
@@ -175,7 +176,7 @@ gemm_wmma(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
     // lane l then handles row l / 2, columns 8 * (l % 2) + [0, 8) of the fragment.
     float* scratch = reinterpret_cast<float*>(smem) + warp * 16 * SC_LD;
     const int r = lane >> 1, c0 = (lane & 1) * 8;
-    const bool d_vec = (N & 7) == 0;  // rows of D 16-byte aligned
+    const bool d_vec = (N & 7) == 0 && (reinterpret_cast<unsigned long long>(D) & 15) == 0;
 #pragma unroll
     for (int i = 0; i < FM; ++i) {
 #pragma unroll

@@ -27,7 +27,7 @@
 //   rows (Triton's grouped ordering), so blocks resident together share A and B in L2.
 // The ceiling is mma.sync's, well below Hopper's wgmma (what cuBLAS uses, with TMA).
 // Alignment: 16-byte cp.async needs 16-byte aligned rows, i.e. K % 8 == 0 for A and
-// N % 8 == 0 for B; otherwise that operand is staged element by element (zeros outside the
+// N % 8 == 0 for B, and a 16-byte aligned base; otherwise that operand is staged element by element (zeros outside the
 // matrix): slow but correct for any M, N, K >= 1.
 // References: PTX ISA, "Warp-level matrix instructions": mma (m16n8k16 fragment layouts for
 // .f16/.bf16), ldmatrix; "Data movement": cp.async, cp.async.commit_group,
@@ -153,8 +153,9 @@ gemm_mma(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
     const int wn = warp % WARPS_N;
 
     const int KT = (K + BLOCK_K - 1) / BLOCK_K;
-    const bool a_vec = (K & 7) == 0;  // rows of A are 16-byte aligned: uniform over the grid
-    const bool b_vec = (N & 7) == 0;
+    // Rows of A (B) are 16-byte aligned: uniform over the grid.
+    const bool a_vec = (K & 7) == 0 && (reinterpret_cast<unsigned long long>(A) & 15) == 0;
+    const bool b_vec = (N & 7) == 0 && (reinterpret_cast<unsigned long long>(B) & 15) == 0;
 
     // Copying k-tile kt into a stage. Thread t copies 16-byte chunks t, t + THREADS, ...:
     // consecutive threads take consecutive chunks of a row (coalesced reads). Its chunk i
