@@ -473,7 +473,8 @@ def bind(p: Problem, config: triton.Config | None = None, record: list | None = 
     each pointer, which Triton specializes on; ``gemm()`` binds once per signature). The first
     call goes through Triton's JIT (and autotuner); on a GPU it keeps the compiled kernel
     and every later call launches it directly (``CompiledKernel.run``), skipping the
-    autotuner's and the JIT's argument binding, which cost most of a launch's host time.
+    autotuner's and the JIT's argument binding, which cost most of a launch's host time; the
+    pointer kernel's four addresses go as integers, which Triton's launcher takes as they are.
     """
     flags = {"HAS_C": p.c is not None, "RELU": p.relu,
              "INPUT_PRECISION": "tf32" if p.allow_tf32 else "ieee"}
@@ -522,11 +523,15 @@ def bind(p: Problem, config: triton.Config | None = None, record: list | None = 
             described[1] = "pointer kernel" if problem is None else (
                 f"pointer kernel (PERSISTENT fell back: {problem})")
 
-            # Everything after the four pointers is fixed by the binding's signature.
+            # Everything after the four pointers is fixed by the binding's signature. The
+            # pointers go as integers: given a tensor, Triton's launcher calls its data_ptr()
+            # and asks the driver whether the address is device memory (cuPointerGetAttribute)
+            # per pointer per launch, which gemm()'s checks made once, at binding.
             fixed = (*args[4:], *tail)
 
             def make_args(a, b, c, out):
-                return (a, b, out if c is None else c, out, *fixed)
+                return (a.data_ptr(), b.data_ptr(), (out if c is None else c).data_ptr(),
+                        out.data_ptr(), *fixed)
         if transposed[0]:
             described[1] += "; B copied K-major first (TF32)"
         if not INTERPRETED:

@@ -13,7 +13,8 @@ a NaN-poisoned output:
   for torch_unfused; ``torch.empty_like`` for D and the driver's ``cuLaunchKernel`` (CuPy's
   binding) with a prebuilt ``KernelArgs`` buffer for the CUDA C kernels (the tensor maps of
   cuda_wgmma encoded beforehand); ``torch.empty_like`` and Triton's own
-  ``CompiledKernel[grid](*args)`` launch of the compiled kernel for triton_fused. The
+  ``CompiledKernel[grid](*args)`` launch of the compiled kernel, the operands passed as
+  tensors, for triton_fused (its bound launch passes their addresses as integers). The
   cuBLASLt and driver calls take the stream current at set-up.
 - ``gemm_us``: ``backends.gemm(a, b, c, activation="relu", backend=...)``, tuned (the
   default), after its first call has bound the signature.
@@ -106,13 +107,13 @@ def _wrapped(name: str, p: Problem, a, b, c, d) -> Callable[[], object]:
         if not launch.compiled:  # the interpreter: no compiled kernel, the JIT is the call
             return lambda: launch(a, b, c, d)
         kernel, grid, make_args = launch.compiled
-        args = list(make_args(a, b, c, d))
-        where = next(i for i, arg in enumerate(args) if arg is d)  # D's place: a new D per
-        # call, as gemm() makes
+        # The pointer kernel's arguments: A, B, C and D as tensors (as a Triton user passes
+        # them; a new D per call, as gemm() makes), then what the binding fixed.
+        fixed = make_args(a, b, c, d)[4:]
 
         def triton_launch():
-            args[where] = out = torch.empty_like(d)
-            kernel[grid](*args)
+            out = torch.empty_like(d)
+            kernel[grid](a, b, c, out, *fixed)
             return out
 
         return triton_launch
