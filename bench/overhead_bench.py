@@ -30,6 +30,8 @@ a NaN-poisoned output:
   ``added_iqr_us`` the quartiles of those differences. A host whose speed drifts between
   loops (a shared machine) shows as a wide range: a target inside it is within the noise.
 - ``signature_guard``: which guard found the binding (``backends.signature``).
+- ``config``: what the backend ran (``Backend.config()`` after the checked calls: the
+  autotuner's pick for triton_fused, the kernel's tile sizes, the cuBLASLt plan).
 
 Each figure is host time: the median over ``rounds`` rounds (the four calls taking turns,
 in an order rotated each round) of ``timeit`` loops of ``number`` back-to-back calls,
@@ -178,7 +180,7 @@ def measure(name: str, dtype_name: str, device: torch.device, shape=SHAPE, *, ro
            "rounds": rounds, "wrapped_us": None, "gemm_us": None, "untuned_us": None,
            "launch_us": None, "added_us": None, "front_us": None, "closure_us": None,
            "tuned_us": None, "ok": False, "error": "",
-           "signature_guard": signature.implementation()}
+           "signature_guard": signature.implementation(), "config": ""}
 
     def gemm(tuned: bool):
         return lambda: backends.gemm(a, b, c, activation="relu", backend=name,
@@ -193,6 +195,7 @@ def measure(name: str, dtype_name: str, device: torch.device, shape=SHAPE, *, ro
             err = backends.relative_error(call(), ref)
             if not err <= tol:
                 raise ValueError(f"{label[:-3]} call: relative error {err:.2e} > {tol:.0e}")
+        row["config"] = impl.config()
     except Exception as exc:  # a broken backend is a FAIL row, not the end of the sweep
         row["error"] = f"{type(exc).__name__}: {exc}"
         return row

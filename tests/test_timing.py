@@ -109,6 +109,8 @@ def test_overhead_benchmark_end_to_end_on_cpu(tmp_path):
         assert all(isinstance(r[k], float) for k in ("added_us", "front_us", "closure_us"))
     assert rows[0]["tuned_us"] is None  # cublas has nothing to tune
     assert isinstance(rows[3]["tuned_us"], float)
+    assert rows[0]["config"] == "cuBLAS heuristics"
+    assert rows[3]["config"].startswith("BLOCK_M: ")  # what ran: the tiles, the kernel
     assert (tmp_path / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
