@@ -148,7 +148,9 @@ def test_overhead_table_splits_added_where_the_run_timed_the_bound_launch(tmp_pa
 
 
 def test_overhead_runs_table_has_a_column_per_run_and_counts_the_runs_that_met(tmp_path):
-    """One column per run, in run order (run-9 before run-10, numbers compared as numbers)."""
+    """One column per run, in run order (run-9 before run-10, numbers compared as numbers);
+    the runs that met the target, of all and of those whose wrapped call ran within 1.3x
+    that row's fastest (30.0 / 25.04 = 1.198 is at the fast speed, 32.6 / 25.04 = 1.302 not)."""
     def row(backend, added, wrapped, ok=True):
         return {"backend": backend, "dtype": "fp32", "M": 32, "N": 32, "K": 32, "ok": ok,
                 "added_us": added, "wrapped_us": wrapped}
@@ -156,14 +158,15 @@ def test_overhead_runs_table_has_a_column_per_run_and_counts_the_runs_that_met(t
     write(tmp_path, "run-9", [row("cublas", 2.5, 25.04), row("cublaslt", 3.04, 11.0)])
     write(tmp_path, "run-10", [row("cublas", 3.25, 30.0), row("cublaslt", None, None, ok=False)],
           meta={**META, "git_commit": "fedcba9876543210"})
+    write(tmp_path, "run-11", [row("cublas", 2.0, 32.6)])
     (tmp_path / "notes").mkdir()  # a folder without results.json is not a run
     lines = rt.render("overhead-runs", str(tmp_path)).split("\n")
     assert lines[:4] == [
         "| backend | dtype | run-9: added (wrapped) µs | run-10: added (wrapped) µs "
-        "| added ≤ 3 µs |",
-        "| --- | --- | ---: | ---: | ---: |",
-        "| `cublas` | fp32 | 2.50 (25.0) | 3.25 (30.0) | 1 of 2 |",
-        "| `cublaslt` | fp32 | 3.04 (11.0) | FAIL | 0 of 2 |",
+        "| run-11: added (wrapped) µs | added ≤ 3 µs | at the fast speed |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+        "| `cublas` | fp32 | 2.50 (25.0) | 3.25 (30.0) | 2.00 (32.6) | 2 of 3 | 1 of 2 |",
+        "| `cublaslt` | fp32 | 3.04 (11.0) | FAIL | - | 0 of 2 | 0 of 1 |",
     ]
     assert lines[5].startswith(f"Source: `{tmp_path}/run-9/results.json`, commit `0123456`")
     assert lines[6].startswith(f"Source: `{tmp_path}/run-10/results.json`, commit `fedcba9`")

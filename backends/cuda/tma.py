@@ -95,8 +95,8 @@ def gemm_maps(a: torch.Tensor, b: torch.Tensor, k: int, n: int, block_m: int,
 
 
 class LaunchMaps:
-    """The operands and tensor-map buffer of one binding's launches (one shape, dtype, strides
-    and alignment, so only A's and B's addresses vary between calls).
+    """The operands and tensor-map buffer of one binding's launches (one shape, dtype and
+    strides, so only A's and B's addresses vary between calls, aligned or not).
 
     ``launch_maps(a, b)`` returns ``(a, b, maps address)``, ``a`` and ``b`` as ``operands``
     gives them and the maps as ``gemm_maps`` encodes them. The buffers of the last ``kept``
