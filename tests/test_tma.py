@@ -51,8 +51,9 @@ def test_a_binding_encodes_the_maps_of_an_address_pair_once(monkeypatch):
     launch_maps = tma.LaunchMaps(k=16, n=16, block_m=64, block_k=64, kept=2)
     a, b = torch.randn(8, 16, dtype=torch.float16), torch.randn(16, 16, dtype=torch.float16)
     first = launch_maps(a, b)
-    (maps, address), = launch_maps._maps.values()
-    assert first == (a, b, address) and maps.data_ptr() == address
+    (maps, addresses), = launch_maps._maps.values()
+    address = maps.data_ptr()
+    assert first == addresses == (a.data_ptr(), b.data_ptr(), address)
     assert maps.numel() == 2 * tma.MAP_BYTES and torch.equal(maps, torch.zeros_like(maps))
     assert launch_maps(a, b)[2] == address
     assert encoded == [a.data_ptr(), b.data_ptr()]
@@ -60,7 +61,9 @@ def test_a_binding_encodes_the_maps_of_an_address_pair_once(monkeypatch):
     launch_maps(odd, b)
     padded = launch_maps(odd, b)
     assert len(encoded) == 6
-    assert padded[2] == launch_maps._padded.data_ptr()  # held until the next padded call
+    held_maps, pa, pb = launch_maps._padded  # held until the next padded call
+    assert padded == (pa.data_ptr(), b.data_ptr(), held_maps.data_ptr())
+    assert pb is b and pa.data_ptr() % 16 == 0 and torch.equal(pa[:, :16], odd)
     others = [torch.randn(8, 16, dtype=torch.float16) for _ in range(2)]
     for other in others:
         launch_maps(other, b)

@@ -276,9 +276,8 @@ class CudaKernel:
                 pointers = (a.data_ptr(), b.data_ptr(), 0 if c is None else c.data_ptr(),
                             out.data_ptr())
             else:
-                a, b, maps = maps_of(a, b)
-                pointers = (a.data_ptr(), b.data_ptr(), 0 if c is None else c.data_ptr(),
-                            out.data_ptr(), maps)
+                a_ptr, b_ptr, maps = maps_of(a, b)
+                pointers = (a_ptr, b_ptr, 0 if c is None else c.data_ptr(), out.data_ptr(), maps)
                 if stream_k is not None:  # held until the launch is queued
                     workspace, token = stream_k()
                     pointers += (workspace.data_ptr(), token)

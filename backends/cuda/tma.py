@@ -95,37 +95,40 @@ def gemm_maps(a: torch.Tensor, b: torch.Tensor, k: int, n: int, block_m: int,
 
 
 class LaunchMaps:
-    """The operands and tensor-map buffer of one binding's launches (one shape, dtype and
-    strides, so only A's and B's addresses vary between calls, aligned or not).
+    """The operands' addresses and tensor-map buffer of one binding's launches (one shape,
+    dtype and strides, so only A's and B's addresses vary between calls, aligned or not).
 
-    ``launch_maps(a, b)`` returns ``(a, b, maps address)``, ``a`` and ``b`` as ``operands``
-    gives them and the maps as ``gemm_maps`` encodes them. The buffers of the last ``kept``
-    address pairs encoded whose operands are used as they are (the aligned case) are kept,
-    so calling again on the same tensors costs two ``data_ptr`` reads and a dict look-up;
-    padded operands are new copies, encoded per call (their buffer lives until the next
-    such call, which is after the launch has been queued).
+    ``launch_maps(a, b)`` returns ``(A's address, B's address, maps address)``: of ``a`` and
+    ``b`` as ``operands`` gives them, and of the maps as ``gemm_maps`` encodes them. The
+    buffers of the last ``kept`` address pairs encoded whose operands are used as they are
+    (the aligned case) are kept, so calling again on the same tensors costs two ``data_ptr``
+    reads and a dict look-up; padded operands are new copies, encoded per call (the copies
+    and their buffer live until the next such call, which is after the launch has been
+    queued).
     """
 
     def __init__(self, k: int, n: int, block_m: int, block_k: int, kept: int = 8):
         self.k, self.n, self.block_m, self.block_k, self.kept = k, n, block_m, block_k, kept
-        self._maps: OrderedDict[tuple[int, int], tuple[torch.Tensor, int]] = OrderedDict()
-        self._padded: torch.Tensor | None = None
+        # (A's, B's address) -> (maps buffer, (A's, B's, the buffer's address))
+        self._maps: OrderedDict[tuple[int, int], tuple[torch.Tensor, tuple[int, int, int]]] = (
+            OrderedDict())
+        self._padded: tuple[torch.Tensor, ...] | None = None  # (maps, padded A, padded B)
 
-    def __call__(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
-                                                                   int]:
+    def __call__(self, a: torch.Tensor, b: torch.Tensor) -> tuple[int, int, int]:
         key = (a.data_ptr(), b.data_ptr())
         hit = self._maps.get(key)
         if hit is not None:
-            return a, b, hit[1]
+            return hit[1]
         pa, pb = operands(a, b)
         maps = gemm_maps(pa, pb, self.k, self.n, self.block_m, self.block_k)
+        addresses = (pa.data_ptr(), pb.data_ptr(), maps.data_ptr())
         if pa is a and pb is b:
-            self._maps[key] = (maps, maps.data_ptr())
+            self._maps[key] = (maps, addresses)
             if len(self._maps) > self.kept:
                 self._maps.popitem(last=False)
         else:
-            self._padded = maps
-        return pa, pb, maps.data_ptr()
+            self._padded = (maps, pa, pb)
+        return addresses
 
 
 EPILOGUE_BOX = 64  # rows and columns of a D or C box: 128 bytes of 16-bit elements per row
