@@ -192,8 +192,8 @@ def overhead_table(directory: str) -> str:
 
 
 # A run's row is at the host's fast speed when its wrapped call took at most this many times
-# the fastest wrapped call of that row in the table (the host alternates between two speeds,
-# 1.4-1.6x apart: the README's "A cheap gemm()").
+# the fastest wrapped call of that row in the table (the host alternates between a fast and a
+# slow speed: the README's "A cheap gemm()").
 FAST_SPEED = 1.3
 
 

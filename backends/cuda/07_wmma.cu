@@ -24,7 +24,8 @@
 // Measured numbers: the README's ladder tables (bench/results/h200-ladder).
 // Alignment: 16-byte global loads need 16-byte aligned rows, i.e. K % 8 == 0 for A and
 // N % 8 == 0 for B, and a 16-byte aligned base; otherwise that operand is read element by
-// element with zeros outside the matrix (and D, likewise, stored element by element). Any M, N, K >= 1 works; partial edge tiles compute on zeros and are not stored.
+// element with zeros outside the matrix (and D, likewise, stored element by element). Any
+// M, N, K >= 1 works; partial edge tiles compute on zeros and are not stored.
 // References: CUDA C++ Programming Guide, "Warp Matrix Functions" (wmma fragments,
 // load_matrix_sync alignment and ldm rules, bf16 support on sm_80+); CUTLASS docs,
 // efficient_gemm.md (block/warp tiling, shared-memory double buffering).

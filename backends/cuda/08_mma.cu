@@ -27,8 +27,8 @@
 //   rows (Triton's grouped ordering), so blocks resident together share A and B in L2.
 // The ceiling is mma.sync's, well below Hopper's wgmma (what cuBLAS uses, with TMA).
 // Alignment: 16-byte cp.async needs 16-byte aligned rows, i.e. K % 8 == 0 for A and
-// N % 8 == 0 for B, and a 16-byte aligned base; otherwise that operand is staged element by element (zeros outside the
-// matrix): slow but correct for any M, N, K >= 1.
+// N % 8 == 0 for B, and a 16-byte aligned base; otherwise that operand is staged element
+// by element (zeros outside the matrix): slow but correct for any M, N, K >= 1.
 // References: PTX ISA, "Warp-level matrix instructions": mma (m16n8k16 fragment layouts for
 // .f16/.bf16), ldmatrix; "Data movement": cp.async, cp.async.commit_group,
 // cp.async.wait_group; CUTLASS docs, efficient_gemm.md (block and warp tiling, software
