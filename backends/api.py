@@ -89,11 +89,12 @@ def gemm(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None, *,
 
     Cost: the first call of a signature (the arguments, every tensor's shape, strides, dtype,
     device, ``requires_grad``, view flags and, unless the backend takes any address
-    (``Backend.any_address``), the 16-byte alignment of its address; grad mode, whether
-    autocast is on, and the tuned table's version) runs every check, resolves the tuned
-    entry and binds the backend's launch (compiling if needed); later calls of that
-    signature find the binding (``backends.signature``'s guards compare the tensors) and
-    only check what depends on the data: that ``out`` does not overlap an input.
+    (``Backend.any_address``), the 16-byte alignment of its address; whether autocast is
+    on, and the tuned table's version) runs every check, resolves the tuned entry and binds
+    the backend's launch (compiling if needed); later calls of that signature find the
+    binding (``backends.signature``'s guards compare the tensors) and only check what
+    depends on the data (that ``out`` does not overlap an input) and, for inputs that
+    require grad on a backend without a backward, grad mode.
 
     Returns:
         D, shape (M, N), A's dtype and device (``out`` itself when given).
@@ -132,10 +133,10 @@ def gemm(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None, *,
                           | (0 if out is None else out.data_ptr())) & 15
             if misaligned:
                 misaligned = tuple(t.data_ptr() & 15 for t in tensors)
-        head = (backend, activation, allow_tf32, tuned, tuning.generation, _grad_enabled(),
-                _any_autocast(), c is None, out is None, misaligned)
-        for guards, bound in _PLANS.get(head, ()):
-            if guards.check(*tensors):
+        head = (backend, activation, allow_tf32, tuned, tuning.generation, _any_autocast(),
+                c is None, out is None, misaligned)
+        for check, bound in _PLANS.get(head, ()):
+            if check(*tensors):
                 plan = bound
                 break
     except (AttributeError, TypeError, RuntimeError):  # not dense tensors: _bind says which
@@ -170,12 +171,12 @@ def bind_launch(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None,
     return _bind(a, b, c, activation, backend, out, allow_tf32, tuned).launch
 
 
-# Bindings kept: per head (the arguments, grad mode, which of C and out are given and the
-# pointers' misalignment), a list of (signature guard of the tensors given, Plan), most
-# recent first. Past MAX_PLANS in all the cache starts again (a program with unboundedly
-# many shapes pays the first-call cost again, nothing more); a head keeps at most
-# PLANS_PER_HEAD, so a look-up tries at most that many guards (a failing one costs tens of
-# nanoseconds).
+# Bindings kept: per head (the arguments, autocast, which of C and out are given and the
+# pointers' misalignment), a list of (the signature guard's check of the tensors given,
+# Plan), most recent first. Past MAX_PLANS in all the cache starts again (a program with
+# unboundedly many shapes pays the first-call cost again, nothing more); a head keeps at
+# most PLANS_PER_HEAD, so a look-up tries at most that many guards (a failing one costs tens
+# of nanoseconds).
 MAX_PLANS = 1024
 PLANS_PER_HEAD = 32
 _PLANS: dict[tuple, list] = {}
@@ -187,7 +188,7 @@ def _keep(head: tuple, guards: signature.Guard, plan: Plan) -> None:
         _PLANS.clear()
         _plan_count[0] = 0
     bindings = _PLANS.setdefault(head, [])
-    bindings.insert(0, (guards, plan))
+    bindings.insert(0, (guards.check, plan))
     _plan_count[0] += 1
     if len(bindings) > PLANS_PER_HEAD:
         bindings.pop()
@@ -222,7 +223,22 @@ def _bind(a, b, c, activation, backend, out, allow_tf32, tuned) -> Plan:
         launch = _readable(launch, p, impl.strided, a, b, c, out)
     if _any_autocast():
         launch = _without_autocast(launch, a.device.type)
+    if not impl.differentiable and _requires_grad(a, b, c):
+        launch = _no_grad_only(launch, impl)
     return Plan(launch, impl.name, spans)
+
+
+def _no_grad_only(launch: Launch, impl: Backend) -> Launch:
+    """``launch`` for inputs that require grad on a backend without a backward, bound under
+    ``torch.no_grad()`` (``_check`` refuses them under grad mode): it refuses a call made
+    with grad mode on. Bindings are not keyed on grad mode (only such inputs depend on it),
+    so this binding may be found by such a call."""
+    def no_grad_only(a, b, c, out):
+        if _grad_enabled():
+            raise ValueError(_no_backward(impl))
+        return launch(a, b, c, out)
+
+    return no_grad_only
 
 
 def _without_autocast(launch: Launch, device_type: str) -> Launch:
@@ -344,12 +360,19 @@ def _check(impl: Backend, a, b, c, activation, out, allow_tf32) -> tuple[int, in
     if out is not None and _self_overlapping(out):
         raise ValueError(f"out must not overlap itself (strides {tuple(out.stride())} for shape "
                          f"{tuple(out.shape)}: several elements of D would share memory)")
-    if (not impl.differentiable and torch.is_grad_enabled()
-            and any(t.requires_grad for t in (a, b, c) if t is not None)):
-        grads = ", ".join(b.name for b in LADDER if b.differentiable)
-        raise ValueError(f"backend {impl.name!r} has no backward: call it under "
-                         f"torch.no_grad() or use a differentiable backend ({grads})")
+    if not impl.differentiable and torch.is_grad_enabled() and _requires_grad(a, b, c):
+        raise ValueError(_no_backward(impl))
     return m, n, k
+
+
+def _requires_grad(a, b, c) -> bool:
+    return any(t.requires_grad for t in (a, b, c) if t is not None)
+
+
+def _no_backward(impl: Backend) -> str:
+    grads = ", ".join(b.name for b in LADDER if b.differentiable)
+    return (f"backend {impl.name!r} has no backward: call it under torch.no_grad() or use a "
+            f"differentiable backend ({grads})")
 
 
 def _degenerate(m: int, n: int, a: torch.Tensor, c: torch.Tensor | None, relu: bool,
