@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import random
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -55,8 +56,11 @@ FORMULAS = {"relu_c": "ReLU(A @ B + C)", "c": "A @ B + C", "relu_bias": "ReLU(A 
 class Timing:
     """Timing knobs (see ``bench.timing``). ``rounds``: how many times every row of one
     (shape, dtype) is timed, the rows taking turns, so that a drift of the GPU's clocks
-    (power, heat) spreads over all of them instead of favouring the rows timed first; a row's
-    times are the medians of its rounds' medians. ``timing``: what the primary time (``ms``,
+    (power, heat) spreads over all of them instead of favouring the rows timed first; the
+    first round takes the rows in the sweep's order and each later one in a shuffled order
+    (``random.Random(round)``: the same for every run), so that no row always runs first or
+    always right after the same one; a row's times are the medians of its rounds' medians.
+    ``timing``: what the primary time (``ms``,
     TFLOP/s, the ratios) is: ``"graph"`` (kernel time from CUDA-graph replay) or ``"eager"``
     (``do_bench`` of the eager call)."""
 
@@ -233,8 +237,10 @@ def time_rows(checked: list[Checked], device: torch.device, timing: Timing) -> N
     timed = [entry for entry in checked if entry.call is not None]
     kernel: list[list[float]] = [[] for _ in timed]
     calls: list[list[float]] = [[] for _ in timed]
-    for _ in range(timing.rounds):
-        for (row, call, verify), k_times, c_times in zip(timed, kernel, calls):
+    turns = list(zip(timed, kernel, calls))
+    for r in range(timing.rounds):
+        order = turns if r == 0 else random.Random(r).sample(turns, len(turns))
+        for (row, call, verify), k_times, c_times in order:
             if not row["ok"]:
                 continue
             with use_launcher(row["launcher"]) if row["launcher"] else contextlib.nullcontext():

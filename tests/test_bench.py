@@ -185,11 +185,36 @@ def test_rounds_take_turns_and_report_the_median(fake_timers):
     checked.append(gb.Checked({"backend": "failed", "launcher": "", "M": 2, "N": 2, "K": 2,
                                "ms": None, "ok": False}, None, None))
     gb.time_rows(checked, torch.device("cpu"), gb.Timing(rounds=3))
-    assert fake_timers == [("kernel", "x"), ("kernel", "y")] * 3  # no call time on a CPU
+    assert fake_timers[:2] == [("kernel", "x"), ("kernel", "y")]  # the sweep's order first
+    # every round times each passing row once; no call time on a CPU
+    assert [sorted(fake_timers[i:i + 2]) for i in (0, 2, 4)] == [
+        [("kernel", "x"), ("kernel", "y")]] * 3
     assert [entry.row["ms"] for entry in checked] == [2.0, 7.0, None]
     assert [entry.row.get("kernel_ms") for entry in checked] == [2.0, 7.0, None]
     assert checked[0][0]["tflops"] == pytest.approx(16 / 2e-3 / 1e12)
     assert "call_ms" not in checked[0][0] and "launch_bound" not in checked[0][0]
+
+
+def test_later_rounds_shuffle_the_order_the_same_way_every_run(fake_timers):
+    """No row always runs first, or always right after the same row: a GPU's clocks after one
+    backend's kernels would otherwise favour or handicap the next one in every round."""
+    names = "abcdef"
+
+    def orders():
+        fake_timers.clear()
+        checked = [_timed(name, [1.0] * 8) for name in names]
+        gb.time_rows(checked, torch.device("cpu"), gb.Timing(rounds=8))
+        rounds = [[name for _, name in fake_timers[i:i + 6]] for i in range(0, 48, 6)]
+        assert all(sorted(r) == list(names) for r in rounds)
+        return rounds
+
+    rounds = orders()
+    assert rounds[0] == list(names)
+    assert {r[0] for r in rounds} != {"a"}
+    for name in names[1:]:
+        before = {r[r.index(name) - 1] for r in rounds if r.index(name) > 0}
+        assert len(before) > 1, f"{name} always follows {before}"
+    assert orders() == rounds  # reproducible: the same orders in every run
 
 
 @pytest.mark.parametrize("timing", ["graph", "eager"])
@@ -199,8 +224,10 @@ def test_kernel_and_call_times_and_the_launch_bound_mark(fake_timers, timing):
     checked = [_timed("fast_call", [1.0, 1.2], [1.1, 1.3]),      # 1.1 ms kernel, 1.2 call
                _timed("slow_call", [0.010, 0.012], [0.030, 0.020])]  # 11 µs kernel, 25 call
     gb.time_rows(checked, torch.device("cuda"), gb.Timing(rounds=2, timing=timing))
-    assert fake_timers == [("kernel", "fast_call"), ("call", "fast_call"),
-                           ("kernel", "slow_call"), ("call", "slow_call")] * 2
+    # each row's call time right after its kernel time, every round
+    assert sorted(zip(fake_timers[::2], fake_timers[1::2])) == [
+        (("kernel", "fast_call"), ("call", "fast_call"))] * 2 + [
+        (("kernel", "slow_call"), ("call", "slow_call"))] * 2
     fast, slow = (entry.row for entry in checked)
     assert fast["timing"] == slow["timing"] == timing
     assert fast["ms"] == fast["kernel_ms"] == pytest.approx(1.1)

@@ -277,8 +277,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     bench.add_argument("--min-reps", type=int, default=10, help="fewest timed repeats per row")
     bench.add_argument("--rounds", type=int, default=1,
                        help="time the rows of each shape and dtype this many times, taking "
-                            "turns, and report each row's median (evens out clock drift in "
-                            "ratios; default 1)")
+                            "turns (in the sweep's order, then shuffled), and report each "
+                            "row's median (evens out clock drift in ratios; default 1)")
     bench.add_argument("--timing", choices=("graph", "eager"), default="graph",
                        help="what FLOP/s and the ratios come from: graph (kernel time, CUDA-"
                        "graph replay, default) or eager (do_bench of the eager call); the call "
