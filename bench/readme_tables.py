@@ -7,10 +7,11 @@ A generated region in a markdown file looks like::
     <!-- /gemmlab:table -->
 
 The opening marker names a table kind (``ladder``, ``launch``, ``overhead``,
-``overhead-runs``, ``resources``, ``study`` or ``stages``) and a results directory, relative
-to the repository root (or absolute); the table is rendered from ``<dir>/results.json``
-(``overhead-runs``: from each ``<dir>/*/results.json``, one column per run) and replaces the
-text between the markers, which stay.
+``overhead-runs``, ``resources``, ``study``, ``stages`` or ``targets``) and a results
+directory, relative to the repository root (or absolute); the table is rendered from
+``<dir>/results.json`` (``overhead-runs``: from each ``<dir>/*/results.json``, one column per
+run; ``targets``: several directories, comma-separated, one row each) and replaces the text
+between the markers, which stay.
 
     python3 -m bench.readme_tables [--check] [README]
 
@@ -241,6 +242,65 @@ def _natural(name: str) -> list:
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
 
 
+# The targets of the ladder's top rungs (the README's targets table): per target, its shapes
+# (each must meet it), epilogue, and the least ratio of the best hand-written rung to the
+# best cuBLAS.
+TOP_RUNG_TARGETS = (
+    ("8192³ A @ B", ((8192, 8192, 8192),), "none", 1.0),
+    ("4096³ A @ B", ((4096, 4096, 4096),), "none", 0.95),
+    ("8192³ ReLU(A @ B + C)", ((8192, 8192, 8192),), "relu_c", 1.0),
+    ("4096³ ReLU(A @ B + C)", ((4096, 4096, 4096),), "relu_c", 1.0),
+    ("short K, ReLU(A @ B + C)", ((16384, 4096, 512), (4096, 4096, 256)), "relu_c", 1.0),
+)
+
+
+def targets_table(directories: str) -> str:
+    """The top-rung targets in each of several ladder runs (``directories``: their folders,
+    comma-separated, one row each): per target and dtype, the best hand-written rung's
+    ratio to the best cuBLAS (the faster of ``cublas`` and ``cublaslt``) on the same problem
+    in that run, the least over the target's shapes, in bold where it misses; then in how
+    many of the runs that timed it each target was met."""
+    from backends.registry import CUDA_KERNELS
+
+    folders = directories.split(",")
+    dtypes = ("fp16", "bf16")
+    met: dict[tuple[str, str], list[bool]] = {}
+    body, sources = [], []
+    for folder in folders:
+        data = _load(folder)
+        best: dict[tuple, float] = {}
+        for r in data["rows"]:
+            if r["backend"] in CUDA_KERNELS and r["ok"] and r.get("pct_best_cublas"):
+                key = (r["M"], r["N"], r["K"]), r["dtype"], r["epilogue"]
+                best[key] = max(best.get(key, 0.0), r["pct_best_cublas"] / 100)
+        meta = data.get("meta", {})
+        rounds = re.search(r"--rounds[ =](\d+)", meta.get("command") or "")
+        commit = str(meta.get("declared_commit") or meta.get("git_commit") or "?")[:7]
+        rounds = rounds.group(1) if rounds else "1"
+        row = [f"`{folder.rsplit('/', 1)[-1]}` (`{commit}`, {rounds} "
+               f"round{'' if rounds == '1' else 's'})"]
+        for label, shapes, epilogue, least in TOP_RUNG_TARGETS:
+            cell = []
+            for dtype in dtypes:
+                ratios = [best.get((shape, dtype, epilogue)) for shape in shapes]
+                if None in ratios:
+                    continue
+                ok = min(ratios) >= least
+                met.setdefault((label, dtype), []).append(ok)
+                text = f"{min(ratios):.3f}x {dtype}"
+                cell.append(text if ok else f"**{text}**")
+            row.append(", ".join(cell) or "not run")
+        body.append(row)
+        sources.append(_provenance(folder, meta))
+    count = ["met in"]
+    for label, _, _, least in TOP_RUNG_TARGETS:
+        count.append(", ".join(f"{dtype} {sum(met[label, dtype])} of {len(met[label, dtype])}"
+                               for dtype in dtypes if (label, dtype) in met) or "-")
+    header = ["run", *(f"{label}, ≥ {least:.2f}x" for label, _, _, least in TOP_RUNG_TARGETS)]
+    return (_table(header, "l" + "r" * len(TOP_RUNG_TARGETS), [*body, count]) + "\n\n"
+            + "\n".join(sources))
+
+
 def resources_table(directory: str) -> str:
     """Registers, shared and local memory, threads and occupancy of each CUDA C kernel and
     dtype (its configuration with the best TFLOP/s in the run), from ``--resources``."""
@@ -296,7 +356,7 @@ def stages_table(directory: str) -> str:
 KINDS: dict[str, Callable[[str], str]] = {
     "ladder": ladder_table, "launch": launch_table, "overhead": overhead_table,
     "overhead-runs": overhead_runs_table, "resources": resources_table, "study": study_table,
-    "stages": stages_table}
+    "stages": stages_table, "targets": targets_table}
 
 
 def render(kind: str, directory: str) -> str:

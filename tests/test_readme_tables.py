@@ -177,6 +177,42 @@ def test_overhead_runs_table_needs_runs(tmp_path):
         rt.render("overhead-runs", str(tmp_path))
 
 
+def test_targets_table_takes_the_best_rung_the_least_shape_and_counts_the_runs(tmp_path):
+    """Per run and target, the best hand-written rung's ratio to the best cuBLAS (cuBLAS rows
+    and failed rows do not count), the least over the target's shapes, bold where it misses;
+    a target a run did not time is "not run" and left out of the count."""
+    def row(backend, shape, dtype, epilogue, pct, ok=True):
+        return ladder_row(backend, dtype=dtype, epilogue=epilogue, shape=shape,
+                          pct_best_cublas=pct, ok=ok)
+
+    big, square = (8192, 8192, 8192), (4096, 4096, 4096)
+    first = [row("cublas", big, "fp16", "none", 100.0),
+             row("cuda_wgmma_persistent", big, "fp16", "none", 99.0),
+             row("cuda_wgmma_cluster", big, "fp16", "none", 101.2),
+             row("cuda_wgmma_pingpong", big, "fp16", "none", 130.0, ok=False),
+             row("cuda_wgmma_persistent", big, "bf16", "none", 99.5),
+             row("cuda_wgmma_persistent", square, "fp16", "none", 95.0),
+             row("cuda_wgmma_persistent", (16384, 4096, 512), "fp16", "relu_c", 103.0),
+             row("cuda_wgmma_persistent", (4096, 4096, 256), "fp16", "relu_c", 99.9)]
+    second = [row("cuda_wgmma_persistent", big, "fp16", "none", 100.0),
+              row("cuda_wgmma_persistent", big, "bf16", "none", 100.4)]
+    one = write(tmp_path, "sweep-1", first,
+                meta={**META, "command": "gemmlab bench --rounds 5 --out x"})
+    two = write(tmp_path, "sweep-2", second, meta={**META, "declared_commit": "abcdef1"})
+    lines = rt.render("targets", f"{one},{two}").split("\n")
+    assert lines[0] == ("| run | 8192³ A @ B, ≥ 1.00x | 4096³ A @ B, ≥ 0.95x | 8192³ ReLU(A @ B + "
+                        "C), ≥ 1.00x | 4096³ ReLU(A @ B + C), ≥ 1.00x | short K, ReLU(A @ B + "
+                        "C), ≥ 1.00x |")
+    assert lines[2:5] == [
+        "| `sweep-1` (`0123456`, 5 rounds) | 1.012x fp16, **0.995x bf16** | 0.950x fp16 "
+        "| not run | not run | **0.999x fp16** |",
+        "| `sweep-2` (`abcdef1`, 1 round) | 1.000x fp16, 1.004x bf16 | not run | not run "
+        "| not run | not run |",
+        "| met in | fp16 2 of 2, bf16 1 of 2 | fp16 1 of 1 | - | - | fp16 0 of 1 |"]
+    assert lines[6].startswith(f"Source: `{one}/results.json`, commit `0123456`")
+    assert lines[7].startswith(f"Source: `{two}/results.json`, declared commit `abcdef1`")
+
+
 def test_study_table_marks_fail_points(tmp_path):
     point = {"workload": "mlp", "mode": "strong", "backend": "cublas", "comm": "nccl", "P": 2,
              "ok": True, "tflops_per_gpu": 512.34, "step_ms": 1.2345, "comm_share": 0.314,
