@@ -60,9 +60,8 @@ class Timing:
     first round takes the rows in the sweep's order and each later one in a shuffled order
     (``random.Random(round)``: the same for every run), so that no row always runs first or
     always right after the same one; a row's times are the medians of its rounds' medians.
-    ``timing``: what the primary time (``ms``,
-    TFLOP/s, the ratios) is: ``"graph"`` (kernel time from CUDA-graph replay) or ``"eager"``
-    (``do_bench`` of the eager call)."""
+    ``timing``: what the primary time (``ms``, TFLOP/s, the ratios) is: ``"graph"`` (kernel
+    time from CUDA-graph replay) or ``"eager"`` (``do_bench`` of the eager call)."""
 
     warmup_ms: float = 25
     rep_ms: float = 100

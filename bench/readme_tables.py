@@ -29,6 +29,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from backends.registry import CUDA_KERNELS
+
 from .gemm_bench import FORMULAS, LAUNCH_BOUND
 from .overhead_bench import TARGET_ADDED_US, added_text
 
@@ -260,8 +262,6 @@ def targets_table(directories: str) -> str:
     ratio to the best cuBLAS (the faster of ``cublas`` and ``cublaslt``) on the same problem
     in that run, the least over the target's shapes, in bold where it misses; then in how
     many of the runs that timed it each target was met."""
-    from backends.registry import CUDA_KERNELS
-
     folders = directories.split(",")
     dtypes = ("fp16", "bf16")
     met: dict[tuple[str, str], list[bool]] = {}
@@ -270,13 +270,13 @@ def targets_table(directories: str) -> str:
         data = _load(folder)
         best: dict[tuple, float] = {}
         for r in data["rows"]:
-            if r["backend"] in CUDA_KERNELS and r["ok"] and r.get("pct_best_cublas"):
+            if r["backend"] in CUDA_KERNELS and r["ok"] and r.get("pct_best_cublas") is not None:
                 key = (r["M"], r["N"], r["K"]), r["dtype"], r["epilogue"]
                 best[key] = max(best.get(key, 0.0), r["pct_best_cublas"] / 100)
         meta = data.get("meta", {})
-        rounds = re.search(r"--rounds[ =](\d+)", meta.get("command") or "")
+        found = re.search(r"--rounds[ =](\d+)", meta.get("command") or "")
+        rounds = found.group(1) if found else "1"
         commit = str(meta.get("declared_commit") or meta.get("git_commit") or "?")[:7]
-        rounds = rounds.group(1) if rounds else "1"
         row = [f"`{folder.rsplit('/', 1)[-1]}` (`{commit}`, {rounds} "
                f"round{'' if rounds == '1' else 's'})"]
         for label, shapes, epilogue, least in TOP_RUNG_TARGETS:
