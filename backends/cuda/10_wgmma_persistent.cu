@@ -116,7 +116,7 @@
 // memory's base.
 #define SMEM_BYTES_FOR(epilogue_n)                                               \
     (STAGES * STAGE_BYTES + CONSUMERS * 64 * (epilogue_n) * 2 + 1024 +           \
-     (2 * STAGES + (TURNS > 1 ? 4 : 3) * CONSUMERS) * 8)
+     (2 * STAGES + (TURNS > 1 ? 5 : 4) * CONSUMERS) * 8)
 // EPILOGUE_N: the columns of D a consumer warpgroup stages per epilogue pass. Its whole
 // 64 x BLOCK_N when that fits beside the stages (one pass); else 64 x 128 or 64 x 64 in
 // several passes, each later one waiting until the TMA has read the one before (their C is
@@ -451,6 +451,8 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
     // Taking turns, per consumer warpgroup: the other has waited for every k-tile of its tile
     // (so every earlier fill of every stage is complete: see the mainloop).
     const unsigned turn_bar = staging_free_bar + CONSUMERS * 8;
+    // Per consumer warpgroup: the first ring of stages of its first tile has landed (once).
+    const unsigned c_go_bar = turn_bar + (TURNS > 1 ? CONSUMERS * 8 : 0);
 
     const int tiles_m = (M + BLOCK_M - 1) / BLOCK_M;
     const int tiles_n = (N + BLOCK_N - 1) / BLOCK_N;
@@ -480,6 +482,7 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
             mbar_init(d_full_bar + 8 * c, 1);  // the warpgroup's, once D is in the staging
             mbar_init(staging_free_bar + 8 * c, 1);  // the storer's, once the stores read it
             if (TURNS > 1) mbar_init(turn_bar + 8 * c, 1);
+            mbar_init(c_go_bar + 8 * c, 1);  // the warpgroup's, at its first tile's k-tile STAGES
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -557,6 +560,13 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
             bool have = next_epilogue(units, u);
             int tile_m, tile_n;
             if (prefetch && have) {
+                // The first tile's C is read at the tile's end. Loaded at the kernel's start,
+                // its 64 KiB per CTA (8.4 MB on 132 SMs, all from DRAM) competed with the first
+                // k-tiles' loads and held the first wgmma back by ~2.6 µs at 4096^3 and
+                // 8192^3 (5.5 against 2.9 µs from entry to the first k-tile without a C:
+                // %globaltimer stamps, bench/results/h200-wgmma-first-c/); it waits for the
+                // warpgroup's first ring of stages.
+                mbar_wait(c_go_bar + 8 * c, 0);
                 walk_tile(u.tile, tiles_m, tiles_n, tile_m, tile_n);
                 load_c(&map_c, M, N, tile_m * BLOCK_M + row0, tile_n * BLOCK_N, my_staging,
                        c_full_bar + 8 * c);
@@ -639,6 +649,9 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
         int last = 0;  // the stage of the k-tile before
         for (int kt = u.k_begin; kt < u.k_end; ++kt) {
             mbar_wait(full_bar + 8 * s, phase);
+            if (prefetch && local == turn && kt == min(u.k_begin + STAGES, u.k_end) - 1 &&
+                threadIdx.x % 128 == 0)
+                mbar_arrive(c_go_bar + 8 * consumer);  // the storer may load the first C
 #if TURNS > 1
             if (kt == u.k_end - 1 && threadIdx.x % 128 == 0)
                 mbar_arrive(turn_bar + 8 * ((turn + 1) % TURNS));
