@@ -472,14 +472,7 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
     const bool prefetch = stage && C != nullptr && ldc == N &&
                           (reinterpret_cast<unsigned long long>(C) % 16) == 0;
 
-    if (threadIdx.x == 0) {  // also the producer: the first copies through A's and B's maps
-        // The maps are fetched while the barriers are set up: fetched by the first copy, they
-        // held its issue back by 0.9-1.6 us after the acquire (%globaltimer stamps,
-        // bench/results/h200-wgmma-first-c/).
-        tensormap_acquire(tmaps);
-        tensormap_acquire(tmaps + 16);
-        tensormap_prefetch(tmaps);
-        tensormap_prefetch(tmaps + 16);
+    if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(full_bar + 8 * s, 1);
             mbar_init(empty_bar + 8 * s, STAGE_READERS * CLUSTER_M);
@@ -504,8 +497,10 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
         setmaxnreg_dec<PRODUCER_REGS>();
 #endif
         if (threadIdx.x == 0) {  // producer: the CTA's k-tiles in turn -> stages 0, 1, ..., 0, ...
-            const void* map_a = tmaps;  // acquired and prefetched at the start
+            const void* map_a = tmaps;
             const void* map_b = tmaps + 16;
+            tensormap_acquire(map_a);
+            tensormap_acquire(map_b);
             // The stage of the next k-tile, the parity of its fill, and whether the consumers
             // must have freed it first (every round of the ring but the first).
             int s = 0;

@@ -62,11 +62,6 @@ __device__ __forceinline__ void tensormap_acquire(const void* map) {
     asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;\n"
                  :: "l"(map) : "memory");
 }
-// Start fetching a (acquired) tensor map, so that the first copy through it need not wait for
-// the fetch (PTX ISA "prefetch.tensormap"; CUTLASS's prefetch_tma_descriptor).
-__device__ __forceinline__ void tensormap_prefetch(const void* map) {
-    asm volatile("prefetch.tensormap [%0];\n" :: "l"(map) : "memory");
-}
 // Box at element coordinates (x: innermost, y) of `map` into shared memory at dst; its bytes
 // count down the transaction count of barrier `bar`.
 __device__ __forceinline__ void tma_load_2d(unsigned dst, const void* map, unsigned bar, int x,
