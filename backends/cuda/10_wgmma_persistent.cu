@@ -87,6 +87,9 @@
 #ifndef STREAM_K
 #define STREAM_K 0  // 1: the tiles the whole rounds leave are shared out by k-tiles (stream-K)
 #endif
+#ifndef C_LEAD
+#define C_LEAD 0  // > 0: a tile's C loads when its k-tile k_end - C_LEAD is ready (0: at once)
+#endif
 #ifndef KERNEL
 #define KERNEL gemm_wgmma_persistent
 #endif
@@ -451,7 +454,7 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
     // Taking turns, per consumer warpgroup: the other has waited for every k-tile of its tile
     // (so every earlier fill of every stage is complete: see the mainloop).
     const unsigned turn_bar = staging_free_bar + CONSUMERS * 8;
-    // Per consumer warpgroup: the first ring of stages of its first tile has landed (once).
+    // Per consumer warpgroup: the storer may load its next tile's C (arrived once per tile).
     const unsigned c_go_bar = turn_bar + (TURNS > 1 ? CONSUMERS * 8 : 0);
 
     const int tiles_m = (M + BLOCK_M - 1) / BLOCK_M;
@@ -482,7 +485,7 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
             mbar_init(d_full_bar + 8 * c, 1);  // the warpgroup's, once D is in the staging
             mbar_init(staging_free_bar + 8 * c, 1);  // the storer's, once the stores read it
             if (TURNS > 1) mbar_init(turn_bar + 8 * c, 1);
-            mbar_init(c_go_bar + 8 * c, 1);  // the warpgroup's, at its first tile's k-tile STAGES
+            mbar_init(c_go_bar + 8 * c, 1);  // the warpgroup's, at the k-tile `go` of a tile
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -573,7 +576,7 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
                        c_full_bar + 8 * c);
             }
             int pass = 0;
-            while (have) {
+            for (int tile_no = 0; have; ++tile_no) {
                 walk_tile(u.tile, tiles_m, tiles_n, tile_m, tile_n);
                 const int m0 = tile_m * BLOCK_M + row0;
                 WorkUnit after;
@@ -589,6 +592,7 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
                     if (!prefetch || p + 1 < PASSES) {  // a later pass's C is in registers
                         mbar_arrive(staging_free_bar + 8 * c);
                     } else if (more) {
+                        if (C_LEAD > 0) mbar_wait(c_go_bar + 8 * c, (unsigned)(tile_no + 1) & 1);
                         int next_m, next_n;
                         walk_tile(after.tile, tiles_m, tiles_n, next_m, next_n);
                         load_c(&map_c, M, N, next_m * BLOCK_M + row0, next_n * BLOCK_N,
@@ -647,12 +651,20 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
         // arrives right after its last wait).
         if (local > 0) mbar_wait(turn_bar + 8 * turn, (unsigned)((local - 1) / TURNS) & 1);
 #endif
+        // The k-tile at whose arrival the storer may load this tile's C: the first tile's
+        // after its first ring of stages has landed; with C_LEAD, no sooner than C_LEAD
+        // k-tiles before the tile's end.
+        int go = -1;
+        if (prefetch && u.part != LATER_PART) {
+            if (epilogues == 0) go = min(u.k_begin + STAGES, u.k_end) - 1;
+            else if (C_LEAD > 0) go = u.k_begin;
+            if (C_LEAD > 0) go = max(go, u.k_end - C_LEAD);
+        }
         int last = 0;  // the stage of the k-tile before
         for (int kt = u.k_begin; kt < u.k_end; ++kt) {
             mbar_wait(full_bar + 8 * s, phase);
-            if (prefetch && local == turn && kt == min(u.k_begin + STAGES, u.k_end) - 1 &&
-                threadIdx.x % 128 == 0)
-                mbar_arrive(c_go_bar + 8 * consumer);  // the storer may load the first C
+            if (kt == go && threadIdx.x % 128 == 0)
+                mbar_arrive(c_go_bar + 8 * consumer);  // the storer may load this tile's C
 #if TURNS > 1
             if (kt == u.k_end - 1 && threadIdx.x % 128 == 0)
                 mbar_arrive(turn_bar + 8 * ((turn + 1) % TURNS));
