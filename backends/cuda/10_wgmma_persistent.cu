@@ -318,6 +318,15 @@ __device__ __forceinline__ void load_c(const void* map_c, int M, int N, int m0, 
         tma_load_2d(my_staging + j * BOX_BYTES, map_c, bar, n0 + 64 * j, m0);
 }
 
+// The k-tile of unit `u` (one with an epilogue) at whose arrival its storer may load its C,
+// or -1: at once. The warpgroup's first unit: once its first ring of stages has landed; with
+// C_LEAD, a unit of more than C_LEAD k-tiles: no sooner than its k-tile k_end - C_LEAD.
+__device__ __forceinline__ int c_go(const WorkUnit& u, bool first) {
+    int go = first ? min(u.k_begin + STAGES, u.k_end) - 1 : -1;
+    if (C_LEAD > 0 && u.k_end - u.k_begin > C_LEAD) go = max(go, u.k_end - C_LEAD);
+    return go;
+}
+
 // Advance a k-tile's stage `s` and its fill's parity `phase` by `n` k-tiles.
 __device__ __forceinline__ void skip_k_tiles(int& s, unsigned& phase, int n) {
     const int t = s + n;
@@ -562,6 +571,7 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
             WorkUnit u;
             bool have = next_epilogue(units, u);
             int tile_m, tile_n;
+            int gos = 0;  // the waits on c_go_bar so far
             if (prefetch && have) {
                 // The first tile's C is read at the tile's end. Loaded at the kernel's start,
                 // its 64 KiB per CTA (8.4 MB on 132 SMs, all from DRAM) competed with the first
@@ -571,12 +581,13 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
                 // warpgroup's first ring of stages. Step 10's ReLU(A @ B + C) at 4096 x 4096 x
                 // 256 went from 1.02 to 1.08-1.10x the best cuBLAS (the README's targets).
                 mbar_wait(c_go_bar + 8 * c, 0);
+                gos = 1;
                 walk_tile(u.tile, tiles_m, tiles_n, tile_m, tile_n);
                 load_c(&map_c, M, N, tile_m * BLOCK_M + row0, tile_n * BLOCK_N, my_staging,
                        c_full_bar + 8 * c);
             }
             int pass = 0;
-            for (int tile_no = 0; have; ++tile_no) {
+            while (have) {
                 walk_tile(u.tile, tiles_m, tiles_n, tile_m, tile_n);
                 const int m0 = tile_m * BLOCK_M + row0;
                 WorkUnit after;
@@ -592,7 +603,7 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
                     if (!prefetch || p + 1 < PASSES) {  // a later pass's C is in registers
                         mbar_arrive(staging_free_bar + 8 * c);
                     } else if (more) {
-                        if (C_LEAD > 0) mbar_wait(c_go_bar + 8 * c, (unsigned)(tile_no + 1) & 1);
+                        if (c_go(after, false) >= 0) mbar_wait(c_go_bar + 8 * c, (unsigned)gos++ & 1);
                         int next_m, next_n;
                         walk_tile(after.tile, tiles_m, tiles_n, next_m, next_n);
                         load_c(&map_c, M, N, next_m * BLOCK_M + row0, next_n * BLOCK_N,
@@ -651,15 +662,7 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
         // arrives right after its last wait).
         if (local > 0) mbar_wait(turn_bar + 8 * turn, (unsigned)((local - 1) / TURNS) & 1);
 #endif
-        // The k-tile at whose arrival the storer may load this tile's C: the first tile's
-        // after its first ring of stages has landed; with C_LEAD, no sooner than C_LEAD
-        // k-tiles before the tile's end.
-        int go = -1;
-        if (prefetch && u.part != LATER_PART) {
-            if (epilogues == 0) go = min(u.k_begin + STAGES, u.k_end) - 1;
-            else if (C_LEAD > 0) go = u.k_begin;
-            if (C_LEAD > 0) go = max(go, u.k_end - C_LEAD);
-        }
+        const int go = prefetch && u.part != LATER_PART ? c_go(u, epilogues == 0) : -1;
         int last = 0;  // the stage of the k-tile before
         for (int kt = u.k_begin; kt < u.k_end; ++kt) {
             mbar_wait(full_bar + 8 * s, phase);
