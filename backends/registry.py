@@ -186,7 +186,7 @@ _CUDA_RUNGS: tuple[tuple[str, str, CudaKernel], ...] = (
      "D leaves through shared memory by TMA bulk copies while the next tile computes (sm_90a)",
      CudaKernel("10_wgmma_persistent.cu", "gemm_wgmma_persistent",
                 {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "STAGES": 3, "GROUP_M": 8,
-                 "STREAM_K": 0, "THREADS": 384},
+                 "STREAM_K": 0, "C_LEAD": 4, "THREADS": 384},
                 dtypes=(torch.float16, torch.bfloat16), tma=True, persistent=True,
                 epilogue_maps=True,
                 # The staging tile shares the shared memory with the stages: with 4 stages of
@@ -194,17 +194,18 @@ _CUDA_RUNGS: tuple[tuple[str, str, CudaKernel], ...] = (
                 # a STREAM_K build refuses.
                 space=CudaSpace({"BLOCK_M": (64, 128), "BLOCK_N": (128, 256), "BLOCK_K": (64,),
                                  "STAGES": (2, 3, 4, 5), "GROUP_M": (8, 16),
-                                 "STREAM_K": (0, 1)},
+                                 "STREAM_K": (0, 1), "C_LEAD": (0, 4, 8)},
                                 _warpgroup_threads))),
     ("cuda_wgmma_cluster", "cuda_wgmma_persistent in 2-CTA clusters: each CTA loads half of the "
      "shared B tile and TMA multicast writes it into both (sm_90a)",
      CudaKernel("11_wgmma_cluster.cu", "gemm_wgmma_cluster",
                 {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "STAGES": 3, "GROUP_M": 8,
-                 "THREADS": 384, "CLUSTER_M": 2},
+                 "THREADS": 384, "CLUSTER_M": 2, "C_LEAD": 8},
                 dtypes=(torch.float16, torch.bfloat16), tma=True, persistent=True,
                 epilogue_maps=True,
                 space=CudaSpace({"BLOCK_M": (64, 128), "BLOCK_N": (128, 256), "BLOCK_K": (64,),
-                                 "STAGES": (2, 3, 4, 5), "GROUP_M": (8, 16), "CLUSTER_M": (2,)},
+                                 "STAGES": (2, 3, 4, 5), "GROUP_M": (8, 16), "CLUSTER_M": (2,),
+                                 "C_LEAD": (0, 4, 8)},
                                 _warpgroup_threads))),
     ("cuda_wgmma_pingpong", "cuda_wgmma_cluster with its two consumer warpgroups taking turns "
      "on 64-row tiles: one's epilogue runs during the other's mainloop (sm_90a)",
@@ -261,11 +262,12 @@ def _positive(config: dict, fields, switches=()) -> None:
 
 def _pin_cuda(kernel: CudaKernel, params: dict) -> CudaKernel:
     """``kernel`` with a tuned entry's macros: positive integers, but for the switches its
-    space turns off with 0 (``STREAM_K``), which may be 0."""
+    space turns off with 0 (``STREAM_K``, ``C_LEAD``), which may be 0. A macro the entry
+    lacks (one added to the rung after the entry was tuned) keeps the rung's default."""
     switches = [m for m, values in (kernel.space.macros if kernel.space else {}).items()
                 if 0 in values]
     _positive(params, params, switches)
-    return replace(kernel, params=dict(params))
+    return replace(kernel, params={**kernel.params, **params})
 
 
 def _triton_backend() -> Backend:

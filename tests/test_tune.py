@@ -748,3 +748,14 @@ def test_cuda_pins_take_a_switch_at_0_but_no_tile_at_0():
         pin({**good, "STREAM_K": -1})
     with pytest.raises(ValueError, match="GROUP_M is 0, not a positive integer"):
         pin({**good, "GROUP_M": 0})
+    assert pin({**good, "C_LEAD": 0}).params["C_LEAD"] == 0
+
+
+def test_cuda_pins_keep_the_rungs_default_for_a_macro_the_entry_lacks():
+    """An entry tuned before a macro joined its rung (``C_LEAD``) runs that macro's registry
+    default, the entry's own values for the rest."""
+    kernel = CUDA_KERNELS["cuda_wgmma_cluster"]
+    old = {key: value for key, value in kernel.params.items() if key != "C_LEAD"}
+    pinned = backends.BACKENDS["cuda_wgmma_cluster"].pin({**old, "GROUP_M": 16})
+    assert pinned.params == {**kernel.params, "GROUP_M": 16}
+    assert pinned.params["C_LEAD"] == kernel.params["C_LEAD"] > 0
