@@ -36,6 +36,12 @@
 // two consumer warpgroups taking turns on whole tiles (CUTLASS's "ping-pong"), so that one's
 // epilogue runs during the other's mainloop, are step 12 (12_wgmma_pingpong.cu), this file
 // built with PINGPONG = 1: the `TURNS > 1` branches.
+// C_LEAD = L (the registry: 4 for step 10, 8 for step 11; `gemmlab tune` searches 0, 4, 8): a
+// later tile's C loads once the tile's k-tile k_end - L is ready, not as soon as the previous
+// D has left the staging, i.e. at the tile's start, where every CTA (they run their rounds
+// nearly in step) also stores its D and loads its first k-tiles. Measured on the H200 against
+// L = 0 (bench/results/h200-wgmma-c-lead/): step 10's ReLU(A @ B + C) at 4096^3 and 8192^3
+// +0.75 points of the best cuBLAS in the median (-0.3 to +3.0), 16384 x 4096 x 512 -0.1 to +2.0.
 // STREAM_K = 1 (a build `gemmlab tune` may pick): after the whole rounds of tiles, the k-tiles of
 // the tiles left over are cut into one contiguous range per CTA (WorkUnits below), so the last,
 // partly filled round is spread over every SM; a tile several CTAs share is finished by the
