@@ -403,11 +403,7 @@ __device__ __forceinline__ void stage_tile(const float (&acc)[64], int j_first, 
                     a0 += c0;
                     a1 += c1;
                 }
-                if (kRelu) {
-                    a0 = a0 < 0.0f ? 0.0f : a0;
-                    a1 = a1 < 0.0f ? 0.0f : a1;
-                }
-                pairs[b][q] = pack_pair(a0, a1);
+                pairs[b][q] = kRelu ? pack_pair_relu(a0, a1) : pack_pair(a0, a1);
             }
             stmatrix_x4(at[b], pairs[b]);
         }
