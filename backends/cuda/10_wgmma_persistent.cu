@@ -608,7 +608,8 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
                     if (!prefetch || p + 1 < PASSES) {  // a later pass's C is in registers
                         mbar_arrive(staging_free_bar + 8 * c);
                     } else if (more) {
-                        if (c_go(after, false) >= 0) mbar_wait(c_go_bar + 8 * c, (unsigned)gos++ & 1);
+                        if (c_go(after, false) >= 0)
+                            mbar_wait(c_go_bar + 8 * c, (unsigned)gos++ & 1);
                         int next_m, next_n;
                         walk_tile(after.tile, tiles_m, tiles_n, next_m, next_n);
                         load_c(&map_c, M, N, next_m * BLOCK_M + row0, next_n * BLOCK_N,
