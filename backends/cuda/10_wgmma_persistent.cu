@@ -665,7 +665,9 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
         // the previous fill of each stage this tile's first k-tiles wait on, which belongs to
         // the other warpgroup's tile until it has waited for all of that tile's k-tiles (it
         // arrives right after its last wait).
-        if (local > 0) mbar_wait(turn_bar + 8 * turn, (unsigned)((local - 1) / TURNS) & 1);
+        // The warpgroup waits out the rest of the other's mainloop here: it sleeps between polls.
+        if (local > 0)
+            mbar_wait<10000000>(turn_bar + 8 * turn, (unsigned)((local - 1) / TURNS) & 1);
 #endif
         const int go = prefetch && u.part != LATER_PART ? c_go(u, epilogues == 0) : -1;
         int last = 0;  // the stage of the k-tile before

@@ -41,6 +41,12 @@
 // no faster in its tune). Under sustained load it draws the 700 W limit as they do, at
 // 1305-1320 against 1455-1500 MHz with as much work per cycle
 // (bench/results/h200-clocks-power-pingpong/): more energy per FLOP, paid in clock.
+// The wait for its turn is a warpgroup's one long wait (the rest of the other's mainloop
+// after its own epilogue): with try_wait's suspend-time hint it sleeps between polls, as
+// CUTLASS's barriers do. Measured on the H200 against the polling wait, both built with a
+// probe's other change (9 rounds, bench/results/h200-wgmma-wait-hint/): -0.4 to +2.3 points
+// of the best cuBLAS, median +0.55, up in 12 of 16 rows. Steps 10 and 11 keep polling: the
+// hint on every wait of theirs moved them -2.3 to +2.7 points, no better on the whole.
 // References: CUTLASS's sm90 "KernelTmaWarpSpecializedPingpong" (math warpgroups alternating
 // over tiles, its ordered barrier between them); PTX ISA, "mbarrier.try_wait.parity"
 // (phase parity); the references of 10_wgmma_persistent.cu.

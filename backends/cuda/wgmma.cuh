@@ -19,14 +19,24 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(unsigned bar, unsigned byt
 __device__ __forceinline__ void mbar_arrive(unsigned bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(bar) : "memory");
 }
-// Wait until the phase with parity `parity` of the barrier has completed.
+// Wait until the phase with parity `parity` of the barrier has completed. SUSPEND_NS > 0 is
+// try_wait's suspend-time hint (CUTLASS's ClusterBarrier::wait passes 10 ms): ptxas then puts
+// the thread to sleep between polls (NANOSLEEP.SYNCS) instead of polling in a loop, for a
+// wait expected to be long.
+template <unsigned SUSPEND_NS = 0>
 __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
     unsigned done = 0;
     while (!done) {
-        asm volatile("{\n.reg .pred p;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+        if (SUSPEND_NS > 0)
+            asm volatile("{\n.reg .pred p;\n"
+                         "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\n"
+                         "selp.u32 %0, 1, 0, p;\n}\n"
+                         : "=r"(done) : "r"(bar), "r"(parity), "n"(SUSPEND_NS) : "memory");
+        else
+            asm volatile("{\n.reg .pred p;\n"
+                         "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                         "selp.u32 %0, 1, 0, p;\n}\n"
+                         : "=r"(done) : "r"(bar), "r"(parity) : "memory");
     }
 }
 
