@@ -35,7 +35,7 @@ from backends.cuda import use_launcher
 from backends.registry import CUDA_KERNELS
 
 from .style import backend_color
-from .timing import call_samples, kernel_samples
+from .timing import SETTLE_MS, call_samples, kernel_samples
 
 GPU_SHAPES = [(1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096), (8192, 8192, 8192),
               (8192, 8192, 1024), (16384, 4096, 512), (4096, 4096, 256)]
@@ -61,9 +61,11 @@ class Timing:
     (``random.Random(round)``: the same for every run), so that no row always runs first or
     always right after the same one; a row's times are the medians of its rounds' medians.
     ``timing``: what the primary time (``ms``, TFLOP/s, the ratios) is: ``"graph"`` (kernel
-    time from CUDA-graph replay) or ``"eager"`` (``do_bench`` of the eager call)."""
+    time from CUDA-graph replay) or ``"eager"`` (``do_bench`` of the eager call).
+    ``warmup_ms``: back-to-back calls before a row's kernel-time samples, in every round
+    (``bench.timing.SETTLE_MS`` by default: the GPU at its sustained clock)."""
 
-    warmup_ms: float = 25
+    warmup_ms: float = SETTLE_MS
     rep_ms: float = 100
     min_reps: int = 10
     rounds: int = 1

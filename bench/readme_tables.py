@@ -98,9 +98,12 @@ def _provenance(directory: str, meta: dict) -> str:
         value = meta.get(key)
         return "?" if value is None else str(value)
 
+    timing = meta.get("timing") or {}
+    warmup = (f"; kernel times after a {timing['warmup_ms']:g} ms warm-up"
+              if "warmup_ms" in timing else "")
     return (f"Source: `{directory}/results.json`, {_commit(meta)}, "
             f"{get('gpu')}, torch {get('torch')}, Triton {get('triton')}; "
-            f"command: `{get('command')}`.")
+            f"command: `{get('command')}`{warmup}.")
 
 
 def _shape(row: dict) -> str:

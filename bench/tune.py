@@ -42,7 +42,7 @@ from rich.progress import Progress
 from backends.dtypes import DTYPES
 
 from .recording import git_commit
-from .timing import kernel_ms
+from .timing import SETTLE_MS, kernel_ms
 
 # After the screening pass the fastest FINALISTS candidates, the default and the table's entry
 # are timed again FINAL_ROUNDS times, taking turns: a GPU's clocks drift with its temperature
@@ -193,7 +193,7 @@ def _search(row: dict, impl, space: list[dict], operands, device: torch.device,
 
 def run_tune(names: list[str], shapes: list[tuple[int, int, int]], dtype_names: list[str],
              device: torch.device, *, budget_s: float | None = None,
-             out: str | Path | None = None, seed: int = 0, warmup_ms: float = 10,
+             out: str | Path | None = None, seed: int = 0, warmup_ms: float = SETTLE_MS,
              rep_ms: float = 50, min_reps: int = 10,
              console: Console | None = None) -> list[dict]:
     """Search every (shape, dtype, backend) group and merge the winners into the tuned table.
@@ -211,7 +211,9 @@ def run_tune(names: list[str], shapes: list[tuple[int, int, int]], dtype_names: 
             group stops starting candidates when its share is spent and keeps its best so far.
         out: the tuned table to merge into (default ``backends.tuning.table_path()``).
         seed: seeds the random inputs and the order in which candidates are tried.
-        warmup_ms, rep_ms, min_reps: ``bench.timing.kernel_ms`` knobs per timed configuration.
+        warmup_ms, rep_ms, min_reps: ``bench.timing.kernel_ms`` knobs per timed configuration
+            (the warm-up, ``SETTLE_MS`` by default, brings the GPU to its sustained clock
+            before each candidate's samples, so every candidate is timed at that clock).
         console: where to show a progress bar and notes (none when None).
 
     Returns:

@@ -72,6 +72,8 @@ def test_a_finished_bench_writes_every_file_and_a_progress_line_per_row(tmp_path
     assert files == ["results.csv", "results.json", "results.jsonl", "results.png"]
     meta = json.loads((tmp_path / "r" / "results.json").read_text())["meta"]
     assert "interrupted" not in meta and meta["torch_threads"] == os.cpu_count()
+    assert meta["timing"] == {"warmup_ms": 1.0, "rep_ms": 1.0, "min_reps": 1, "rounds": 1,
+                              "timing": "graph"}  # the knobs the times were taken with
 
 
 @pytest.mark.parametrize("make,message", [

@@ -193,6 +193,14 @@ def test_table_provenance_names_the_commit_and_its_state(meta, commit):
     assert rt._provenance("d", BASE | meta) == f"Source: `d/results.json`, {commit}{TAIL}"
 
 
+def test_table_provenance_states_the_warm_up_when_the_file_records_it():
+    meta = BASE | {"git_commit": SHA, "git_dirty": False,
+                   "timing": {"warmup_ms": 1000.0, "rep_ms": 100.0, "rounds": 3}}
+    assert rt._provenance("d", meta) == ("Source: `d/results.json`, commit `0123456`"
+                                         + TAIL[:-1] + "; kernel times after a 1000 ms "
+                                         "warm-up.")
+
+
 @pytest.mark.parametrize("argv0,program", [
     ("/venv/bin/gemmlab", "gemmlab"), (str(REPO / "bench" / "cli.py"), "gemmlab"),
     (str(REPO / "bench" / "train_stages.py"), "python3 -m bench.train_stages"),

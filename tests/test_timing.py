@@ -35,6 +35,7 @@ def fake_cuda(monkeypatch):
 
     def eager(fn, warmup_ms, rep_ms, min_reps):
         state["timed"].append(fn)
+        state["warmup_ms"] = warmup_ms
         return [1.0] * max(min_reps, 12)
 
     monkeypatch.setattr(timing, "capture", capture)
@@ -50,6 +51,16 @@ def test_graph_timing_replays_the_captured_call_and_checks_its_output(fake_cuda)
     assert how == "graph" and len(samples) == 20
     assert seen == ["D"] and fake_cuda["graph"].replays == 1  # replayed once, then verified
     assert fake_cuda["timed"] == [fake_cuda["graph"].replay]  # the replay is what is timed
+
+
+@pytest.mark.parametrize("mode", timing.TIMINGS)
+def test_kernel_samples_start_after_the_settling_warm_up_by_default(fake_cuda, mode):
+    # A GPU at its power limit is still slowing down 100 ms into a load: the default warm-up
+    # must outlast that (bench.timing's module doc), and a given one is passed through.
+    timing.kernel_samples(lambda: "D", CUDA, timing=mode)
+    assert fake_cuda["warmup_ms"] == timing.SETTLE_MS >= 1000
+    timing.kernel_samples(lambda: "D", CUDA, timing=mode, warmup_ms=3)
+    assert fake_cuda["warmup_ms"] == 3
 
 
 def test_a_wrong_graph_output_raises(fake_cuda):

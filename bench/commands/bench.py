@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 import torch
@@ -23,6 +24,7 @@ from ..session import (
     set_threads,
 )
 from ..style import flops
+from ..timing import SETTLE_MS
 
 
 def _selection(args, gpu: bool):
@@ -67,7 +69,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
     from backends.cuda import pycuda_unavailable_reason
 
     from .. import gemm_bench as gb
-    from ..recording import Recorder
+    from ..recording import Recorder, collect_meta
 
     device = torch.device("cuda" if gpu else "cpu")
     requested, shapes, dtype_names, epilogues, launchers = _selection(args, gpu)
@@ -118,7 +120,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
         why = r["error"] or f"relative error {r['rel_err']:.2e} > tolerance {r['tol']:.0e}"
         console.print(f"FAIL {r['backend']} {r['dtype']} {gb.FORMULAS[r['epilogue']]} "
                       f"{r['M']}x{r['N']}x{r['K']}: {why}")
-    for path in recorder.finish(**extra):
+    meta = {**collect_meta(), "timing": dataclasses.asdict(timing)}
+    for path in recorder.finish(meta, **extra):
         console.print(f"wrote {path}")
     if "ceilings" in extra and args.out:
         from ..roofline import plot as plot_roofline
@@ -272,7 +275,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     bench.add_argument("--epilogue", default="relu_c",
                        help="comma list of relu_c (ReLU(A@B+C), default), c (A@B+C), relu_bias, "
                        "bias (C a length-N bias), none (plain A@B)")
-    bench.add_argument("--warmup-ms", type=float, default=25, help="warm-up per row (ms)")
+    bench.add_argument("--warmup-ms", type=float, default=SETTLE_MS,
+                       help="back-to-back calls before each row's kernel-time samples, in "
+                       f"every round (ms; default {SETTLE_MS:.0f}: long enough for a GPU at "
+                       "its power limit to reach its sustained clock)")
     bench.add_argument("--rep-ms", type=float, default=100, help="timed repeats per row (ms)")
     bench.add_argument("--min-reps", type=int, default=10, help="fewest timed repeats per row")
     bench.add_argument("--rounds", type=int, default=1,

@@ -15,6 +15,7 @@ from backends.dtypes import GEMM, GEMM_CPU, GEMM_GPU
 from ..recording import unwritable_ancestor
 from ..session import UsageError, csv_list, prepare_backends, set_threads
 from ..style import flops
+from ..timing import SETTLE_MS
 from ..tune import CPU_SHAPES, run_tune, tunable
 
 
@@ -118,7 +119,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                       "$GEMMLAB_TUNED_FILE or backends/tuned.json)")
     tune.add_argument("--seed", type=int, default=0,
                       help="seed of the random inputs and of the candidate order")
-    tune.add_argument("--warmup-ms", type=float, default=10, help="warm-up per candidate (ms)")
+    tune.add_argument("--warmup-ms", type=float, default=SETTLE_MS,
+                      help="back-to-back calls before each candidate's samples (ms; default "
+                      f"{SETTLE_MS:.0f}: the GPU at its sustained clock)")
     tune.add_argument("--rep-ms", type=float, default=50, help="timed repeats per candidate (ms)")
     tune.add_argument("--threads", type=int, metavar="N",
                       help="torch CPU threads (default: the machine's cores)")
