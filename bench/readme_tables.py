@@ -2,7 +2,7 @@
 
 A generated region in a markdown file looks like::
 
-    <!-- gemmlab:table ladder bench/results/h200-ladder -->
+    <!-- gemmlab:table ladder bench/results/h200-ladder-fp16 -->
     ...generated markdown, replaced by this script...
     <!-- /gemmlab:table -->
 
@@ -280,8 +280,10 @@ def targets_table(directories: str) -> str:
         found = re.search(r"--rounds[ =](\d+)", meta.get("command") or "")
         rounds = found.group(1) if found else "1"
         commit = str(meta.get("declared_commit") or meta.get("git_commit") or "?")[:7]
+        warmup = (meta.get("timing") or {}).get("warmup_ms")
         row = [f"`{folder.rsplit('/', 1)[-1]}` (`{commit}`, {rounds} "
-               f"round{'' if rounds == '1' else 's'})"]
+               f"round{'' if rounds == '1' else 's'}"
+               + ("" if warmup is None else f", {warmup:g} ms warm-up") + ")"]
         for label, shapes, epilogue, least in TOP_RUNG_TARGETS:
             cell = []
             for dtype in dtypes:

@@ -198,7 +198,8 @@ def test_targets_table_takes_the_best_rung_the_least_shape_and_counts_the_runs(t
               row("cuda_wgmma_persistent", big, "bf16", "none", 100.4)]
     one = write(tmp_path, "sweep-1", first,
                 meta={**META, "command": "gemmlab bench --rounds 5 --out x"})
-    two = write(tmp_path, "sweep-2", second, meta={**META, "declared_commit": "abcdef1"})
+    two = write(tmp_path, "sweep-2", second, meta={**META, "declared_commit": "abcdef1",
+                                                   "timing": {"warmup_ms": 1000.0}})
     lines = rt.render("targets", f"{one},{two}").split("\n")
     assert lines[0] == ("| run | 8192³ A @ B, ≥ 1.00x | 4096³ A @ B, ≥ 0.95x | 8192³ ReLU(A @ B + "
                         "C), ≥ 1.00x | 4096³ ReLU(A @ B + C), ≥ 1.00x | short K, ReLU(A @ B + "
@@ -206,8 +207,8 @@ def test_targets_table_takes_the_best_rung_the_least_shape_and_counts_the_runs(t
     assert lines[2:5] == [
         "| `sweep-1` (`0123456`, 5 rounds) | 1.012x fp16, **0.995x bf16** | 0.950x fp16 "
         "| not run | not run | **0.999x fp16** |",
-        "| `sweep-2` (`abcdef1`, 1 round) | 1.000x fp16, 1.004x bf16 | not run | not run "
-        "| not run | not run |",
+        "| `sweep-2` (`abcdef1`, 1 round, 1000 ms warm-up) | 1.000x fp16, 1.004x bf16 | not run "
+        "| not run | not run | not run |",
         "| met in | fp16 2 of 2, bf16 1 of 2 | fp16 1 of 1 | - | - | fp16 0 of 1 |"]
     assert lines[6].startswith(f"Source: `{one}/results.json`, commit `0123456`")
     assert lines[7].startswith(f"Source: `{two}/results.json`, declared commit `abcdef1`")
@@ -310,6 +311,6 @@ def test_missing_closing_marker_is_an_error(dirs, tmp_path, capsys):
 def test_the_readme_tables_are_generated_from_the_committed_results():
     readme = rt.REPO / "README.md"
     text = readme.read_text(encoding="utf-8")
-    assert "<!-- gemmlab:table ladder bench/results/h200-ladder -->" in text
+    assert "<!-- gemmlab:table ladder bench/results/h200-ladder-fp16 -->" in text
     _, stale = rt.update(text)
     assert stale == [], f"run python3 -m bench.readme_tables: stale {stale}"
