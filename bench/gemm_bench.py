@@ -198,7 +198,8 @@ def check(name: str, a, b, c, ref, dtype_name: str, epilogue: str,
     row = {"backend": name, "launcher": launcher, "dtype": dtype_name, "epilogue": epilogue,
            "M": m, "N": n, "K": k, "ms": None, "tflops": None, "kernel_ms": None,
            "call_ms": None, "host_us": None, "launch_bound": None, "timing": "",
-           "samples": None, "pct_best_cublas": None, "best_cublas": None,
+           "samples": None, "kernel_ms_rounds": None, "pct_best_cublas": None,
+           "best_cublas": None,
            "x_torch_compile": None, "speedup_vs_torch_unfused": None, "rel_err": None,
            "tol": dtypes.DTYPES[dtype_name].tolerance, "ok": False, "config": "", "error": ""}
     out = torch.full((m, n), float("nan"), dtype=a.dtype, device=a.device)
@@ -229,10 +230,11 @@ def check(name: str, a, b, c, ref, dtype_name: str, epilogue: str,
 def time_rows(checked: list[Checked], device: torch.device, timing: Timing) -> None:
     """Fill the times of every row that passed its check, timing the rows in turn
     ``timing.rounds`` times (``Timing``): ``kernel_ms`` and ``call_ms`` (medians of the
-    rounds' medians, GPU only), ``ms`` (the primary: kernel time), ``timing`` (how the kernel
-    time was taken), ``host_us`` (call minus kernel), ``launch_bound``, ``samples`` (per
-    round, of the kernel time) and ``tflops``. A row whose CUDA graph gives a wrong D is
-    turned into a FAIL and left untimed."""
+    rounds' medians, GPU only), ``ms`` (the primary: kernel time), ``kernel_ms_rounds`` (each
+    round's median kernel time, in the rounds' order: how far apart they are is the run's
+    spread), ``timing`` (how the kernel time was taken), ``host_us`` (call minus kernel),
+    ``launch_bound``, ``samples`` (per round, of the kernel time) and ``tflops``. A row whose
+    CUDA graph gives a wrong D is turned into a FAIL and left untimed."""
     knobs = {"warmup_ms": timing.warmup_ms, "rep_ms": timing.rep_ms,
              "min_reps": timing.min_reps}
     timed = [entry for entry in checked if entry.call is not None]
@@ -260,8 +262,8 @@ def time_rows(checked: list[Checked], device: torch.device, timing: Timing) -> N
         if not row["ok"]:
             continue
         ms = statistics.median(k_times)
-        row.update(ms=ms, kernel_ms=ms, tflops=2 * row["M"] * row["N"] * row["K"] / (ms * 1e-3)
-                   / 1e12)
+        row.update(ms=ms, kernel_ms=ms, kernel_ms_rounds=k_times,
+                   tflops=2 * row["M"] * row["N"] * row["K"] / (ms * 1e-3) / 1e12)
         if c_times:
             call_ms = statistics.median(c_times)
             row.update(call_ms=call_ms, host_us=(call_ms - ms) * 1e3,

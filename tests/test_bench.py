@@ -191,6 +191,9 @@ def test_rounds_take_turns_and_report_the_median(fake_timers):
         [("kernel", "x"), ("kernel", "y")]] * 3
     assert [entry.row["ms"] for entry in checked] == [2.0, 7.0, None]
     assert [entry.row.get("kernel_ms") for entry in checked] == [2.0, 7.0, None]
+    # and every round's own median, in the rounds' order, for the run's spread
+    assert [entry.row.get("kernel_ms_rounds") for entry in checked] == [[3.0, 1.0, 2.0],
+                                                                       [5.0, 9.0, 7.0], None]
     assert checked[0][0]["tflops"] == pytest.approx(16 / 2e-3 / 1e12)
     assert "call_ms" not in checked[0][0] and "launch_bound" not in checked[0][0]
 
