@@ -93,14 +93,18 @@ def _commit(meta: dict) -> str:
     return f"commit `{commit[:7]}`"
 
 
+def _warmup_ms(meta: dict) -> float | None:
+    """The warm-up (ms) a run's kernel times were taken after, where its file records it."""
+    return (meta.get("timing") or {}).get("warmup_ms")
+
+
 def _provenance(directory: str, meta: dict) -> str:
     def get(key: str) -> str:
         value = meta.get(key)
         return "?" if value is None else str(value)
 
-    timing = meta.get("timing") or {}
-    warmup = (f"; kernel times after a {timing['warmup_ms']:g} ms warm-up"
-              if "warmup_ms" in timing else "")
+    ms = _warmup_ms(meta)
+    warmup = "" if ms is None else f"; kernel times after a {ms:g} ms warm-up"
     return (f"Source: `{directory}/results.json`, {_commit(meta)}, "
             f"{get('gpu')}, torch {get('torch')}, Triton {get('triton')}; "
             f"command: `{get('command')}`{warmup}.")
@@ -280,7 +284,7 @@ def targets_table(directories: str) -> str:
         found = re.search(r"--rounds[ =](\d+)", meta.get("command") or "")
         rounds = found.group(1) if found else "1"
         commit = str(meta.get("declared_commit") or meta.get("git_commit") or "?")[:7]
-        warmup = (meta.get("timing") or {}).get("warmup_ms")
+        warmup = _warmup_ms(meta)
         row = [f"`{folder.rsplit('/', 1)[-1]}` (`{commit}`, {rounds} "
                f"round{'' if rounds == '1' else 's'}"
                + ("" if warmup is None else f", {warmup:g} ms warm-up") + ")"]

@@ -234,12 +234,15 @@ class Recorder:
     ``interrupt_all`` (what ``gemmlab`` runs on Ctrl-C or SIGTERM) finishes it.
 
     ``progress``: called with each added row, e.g. to print one line per finished row.
+    ``meta``: fields the run adds to ``collect_meta()`` in ``results.json``, finished or
+    interrupted (e.g. the timing knobs the rows were taken with).
     """
 
     def __init__(self, out: str | Path | None, plot: Callable[[list[dict], Path], None],
-                 progress: Callable[[dict], None] | None = None):
+                 progress: Callable[[dict], None] | None = None, meta: dict | None = None):
         self.out = None if out is None else Path(out)
         self.plot, self.progress = plot, progress
+        self.meta = dict(meta or {})
         self.rows: list[dict] = []
         self.lines = None
         if self.out is not None:
@@ -263,22 +266,22 @@ class Recorder:
             self.add(row)
 
     def finish(self, meta: dict | None = None, **extra) -> list[Path]:
-        """Write results.json (``meta``, default ``collect_meta()``; the rows; ``extra``
-        top-level fields), results.csv and results.png; the paths written (none without
-        ``out``)."""
+        """Write results.json (``meta``, default ``collect_meta()`` with the Recorder's own
+        ``meta``; the rows; ``extra`` top-level fields), results.csv and results.png; the paths
+        written (none without ``out``)."""
         if self in _OPEN:
             _OPEN.remove(self)
         if self.lines is not None:
             self.lines.close()
         if self.out is None:
             return []
-        return write_results(self.out, collect_meta() if meta is None else meta, self.rows,
-                             self.plot, **extra)
+        return write_results(self.out, {**collect_meta(), **self.meta} if meta is None else meta,
+                             self.rows, self.plot, **extra)
 
     def interrupt(self) -> list[Path]:
         """``finish`` with what has been added, ``meta["interrupted"] = True``; a chart that
         cannot be drawn from a partial run is left out rather than lose the rows."""
-        meta = {**collect_meta(), "interrupted": True}
+        meta = {**collect_meta(), **self.meta, "interrupted": True}
         try:
             return self.finish(meta)
         except Exception:  # the plot of a partial run: keep the JSON and CSV written before it

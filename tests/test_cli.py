@@ -56,6 +56,7 @@ def test_an_interrupted_bench_keeps_the_rows_that_finished(tmp_path, signum):
     assert "interrupted: what finished is in" in output
     result = json.loads((out / "results.json").read_text())
     assert result["meta"]["interrupted"] is True
+    assert result["meta"]["timing"]["warmup_ms"] == 1.0  # the knobs, interrupted or not
     kept = [json.loads(line) for line in lines.read_text().splitlines()]
     assert len(result["rows"]) == len(kept) >= 2
     assert result["rows"] == kept

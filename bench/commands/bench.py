@@ -69,7 +69,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
     from backends.cuda import pycuda_unavailable_reason
 
     from .. import gemm_bench as gb
-    from ..recording import Recorder, collect_meta
+    from ..recording import Recorder
 
     device = torch.device("cuda" if gpu else "cpu")
     requested, shapes, dtype_names, epilogues, launchers = _selection(args, gpu)
@@ -86,7 +86,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
         return _overhead(args, names, dtype_names, shapes if args.shape else None, device,
                          console)
     timing = gb.Timing(args.warmup_ms, args.rep_ms, args.min_reps, args.rounds, args.timing)
-    recorder = Recorder(args.out, gb.plot, row_printer(console, gb.describe, total))
+    recorder = Recorder(args.out, gb.plot, row_printer(console, gb.describe, total),
+                        meta={"timing": dataclasses.asdict(timing)})
     with Progress(console=console, transient=True, disable=not console.is_terminal) as progress:
         task = progress.add_task("bench", total=total)
 
@@ -120,8 +121,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
         why = r["error"] or f"relative error {r['rel_err']:.2e} > tolerance {r['tol']:.0e}"
         console.print(f"FAIL {r['backend']} {r['dtype']} {gb.FORMULAS[r['epilogue']]} "
                       f"{r['M']}x{r['N']}x{r['K']}: {why}")
-    meta = {**collect_meta(), "timing": dataclasses.asdict(timing)}
-    for path in recorder.finish(meta, **extra):
+    for path in recorder.finish(**extra):
         console.print(f"wrote {path}")
     if "ceilings" in extra and args.out:
         from ..roofline import plot as plot_roofline
