@@ -14,7 +14,6 @@ from .registry import ANY_ADDRESS, BACKENDS, LADDER, Backend
 
 ACTIVATIONS = (None, "relu")
 _grad_enabled = torch.is_grad_enabled  # one name lookup less on the hot path
-_any_autocast = torch._C._is_any_autocast_enabled
 
 
 class BackendUnavailableError(RuntimeError):
@@ -88,13 +87,13 @@ def gemm(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None, *,
     act(C) / zeros) without a launch.
 
     Cost: the first call of a signature (the arguments, every tensor's shape, strides, dtype,
-    device, ``requires_grad``, view flags and, unless the backend takes any address
-    (``Backend.any_address``), the 16-byte alignment of its address; whether autocast is
-    on, and the tuned table's version) runs every check, resolves the tuned entry and binds
-    the backend's launch (compiling if needed); later calls of that signature find the
-    binding (``backends.signature``'s guards compare the tensors) and only check what
-    depends on the data (that ``out`` does not overlap an input) and, for inputs that
-    require grad on a backend without a backward, grad mode.
+    device, ``requires_grad``, view flags, whether autocast is on for its device type and,
+    unless the backend takes any address (``Backend.any_address``), the 16-byte alignment
+    of its address; and the tuned table's version) runs every check, resolves the tuned
+    entry and binds the backend's launch (compiling if needed); later calls of that
+    signature find the binding (``backends.signature``'s guards compare the tensors) and
+    only check what depends on the data (that ``out`` does not overlap an input) and, for
+    inputs that require grad on a backend without a backward, grad mode.
 
     Returns:
         D, shape (M, N), A's dtype and device (``out`` itself when given).
@@ -133,8 +132,8 @@ def gemm(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None, *,
                           | (0 if out is None else out.data_ptr())) & 15
             if misaligned:
                 misaligned = tuple(t.data_ptr() & 15 for t in tensors)
-        head = (backend, activation, allow_tf32, tuned, tuning.generation, _any_autocast(),
-                c is None, out is None, misaligned)
+        head = (backend, activation, allow_tf32, tuned, tuning.generation, c is None,
+                out is None, misaligned)
         for check, bound in _PLANS.get(head, ()):
             if check(*tensors):
                 plan = bound
@@ -171,12 +170,12 @@ def bind_launch(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None,
     return _bind(a, b, c, activation, backend, out, allow_tf32, tuned).launch
 
 
-# Bindings kept: per head (the arguments, autocast, which of C and out are given and the
-# pointers' misalignment), a list of (the signature guard's check of the tensors given,
-# Plan), most recent first. Past MAX_PLANS in all the cache starts again (a program with
-# unboundedly many shapes pays the first-call cost again, nothing more); a head keeps at
-# most PLANS_PER_HEAD, so a look-up tries at most that many guards (a failing one costs tens
-# of nanoseconds).
+# Bindings kept: per head (the arguments, which of C and out are given and the pointers'
+# misalignment), a list of (the signature guard's check of the tensors given, which also
+# holds autocast's state for their device type, Plan), most recent first. Past MAX_PLANS
+# in all the cache starts again (a program with unboundedly many shapes pays the
+# first-call cost again, nothing more); a head keeps at most PLANS_PER_HEAD, so a look-up
+# tries at most that many guards (a failing one costs tens of nanoseconds).
 MAX_PLANS = 1024
 PLANS_PER_HEAD = 32
 _PLANS: dict[tuple, list] = {}
@@ -221,7 +220,7 @@ def _bind(a, b, c, activation, backend, out, allow_tf32, tuned) -> Plan:
         else:
             launch = impl.bind(p, None)
         launch = _readable(launch, p, impl.strided, a, b, c, out)
-    if _any_autocast():
+    if torch.is_autocast_enabled(a.device.type):
         launch = _without_autocast(launch, a.device.type)
     if not impl.differentiable and _requires_grad(a, b, c):
         launch = _no_grad_only(launch, impl)

@@ -1,15 +1,18 @@
 """Signature guards: does a call's tensors have the layout a binding was made for?
 
 ``guard(*tensors)`` remembers each tensor's dtype, device, sizes, strides, ``requires_grad``
-and dispatch keys (device type, and flags such as a negated or conjugated view), and its
-``check(*tensors)`` says whether new tensors match all of them.
+and dispatch keys (device type, flags such as a negated or conjugated view, and whether
+``torch.autocast`` is on for the tensor's device type), and its ``check(*tensors)`` says
+whether new tensors match all of them.
 
 It is torch's own C++ tensor guard, the one TorchDynamo used to check a compiled graph's
 inputs on every call (``torch._C._dynamo.guards.TensorGuards``): about 0.2 µs for four
 tensors, where reading the same attributes into a Python tuple and hashing it takes 1.5-2 µs
 (``gemm()``'s hot path). It is private to torch, so the first use checks that it tells apart
 what ``gemm()`` relies on (a transpose, a slice, another dtype, ``requires_grad``, another
-device type); when it is missing or fails that check, ``Described`` (the same comparison in
+device type, autocast turned on: a tensor's dispatch keys are its own plus the thread's
+included ones minus its excluded ones, and autocast off excludes the device's Autocast key);
+when it is missing or fails that check, ``Described`` (the same comparison in
 Python) stands in, and ``IMPLEMENTATION`` says which one runs.
 """
 
@@ -26,8 +29,9 @@ class Guard(Protocol):
 
 
 class Described:
-    """The Python guard: each tensor's (dtype, device, shape, strides, requires_grad, and
-    the negated/conjugated view flags), compared as one tuple."""
+    """The Python guard: each tensor's (dtype, device, shape, strides, requires_grad, the
+    negated/conjugated view flags, and whether autocast is on for its device type), compared
+    as one tuple."""
 
     __slots__ = ("signature",)
 
@@ -40,7 +44,15 @@ class Described:
 
 def _describe(tensors) -> tuple:
     return tuple((t.dtype, t.device, t.shape, t.stride(), t.requires_grad, t.is_neg(),
-                  t.is_conj()) for t in tensors)
+                  t.is_conj(), _autocast(t.device.type)) for t in tensors)
+
+
+def _autocast(device_type: str) -> bool:
+    """Whether ``torch.autocast`` is on for ``device_type`` (False for a type it has none)."""
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except RuntimeError:  # a device type autocast does not know, e.g. meta
+        return False
 
 
 def guard(*tensors: torch.Tensor) -> Guard:
@@ -82,6 +94,9 @@ def _native():
                    x.clone().requires_grad_(), x.to("meta"), x._neg_view())
         if any(g.check(t) for t in changed):
             return None
+        with torch.autocast("cpu"):
+            if g.check(x):
+                return None
     except Exception:  # any failure of a private API means: do not use it
         return None
     return build

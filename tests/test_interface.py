@@ -239,6 +239,19 @@ def test_autocast_does_not_change_what_gemm_computes(backend, rng):
 
 
 @pytest.mark.parametrize("backend", RUNNING)
+def test_a_binding_made_outside_autocast_is_not_used_inside(backend, rng):
+    """The binding of a signature is found by its guard, which holds autocast's state: bound
+    first outside autocast, the same call inside is bound apart (with autocast off for its
+    launch), and D stays in A's dtype."""
+    a, b, c = random_inputs(31, 19, 67, generator=rng, **ON[backend])
+    assert_matches_reference(gemm(a, b, c, activation="relu", backend=backend), a, b, c, "relu")
+    with torch.autocast(DEVICE):
+        d = gemm(a, b, c, activation="relu", backend=backend)
+    assert d.dtype == a.dtype
+    assert_matches_reference(d, a, b, c, "relu")
+
+
+@pytest.mark.parametrize("backend", RUNNING)
 def test_out_receives_d_and_inputs_are_untouched(backend, rng):
     a, b, c = random_inputs(33, 17, 9, generator=rng, **ON[backend])
     copies = [t.clone() for t in (a, b, c)]

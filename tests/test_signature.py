@@ -56,6 +56,24 @@ def test_a_guard_refuses_each_change(variant):
     assert not guard.check(VARIANTS[variant](x))
 
 
+@pytest.mark.parametrize("make", [signature.guard, signature.Described],
+                         ids=["torch", "python"])
+def test_a_guard_holds_the_autocast_state_of_its_device_type(make):
+    """gemm() keys no binding on autocast: the guard must refuse a tensor under autocast for
+    its device type when it was built outside, and the reverse; autocast for another device
+    type changes nothing on this one."""
+    x = torch.randn(4, 6)
+    outside = make(x)
+    with torch.autocast("cpu"):
+        assert not outside.check(x)
+        inside = make(x)
+        assert inside.check(x)
+    assert not inside.check(x)
+    assert outside.check(x)
+    with torch.autocast("cuda", enabled=True):  # CUDA autocast: not this CPU tensor's
+        assert outside.check(x)
+
+
 def test_a_guard_takes_tensors_only():
     with pytest.raises(TypeError, match="takes tensors, got list"):
         signature.guard(torch.zeros(2), [1.0])
