@@ -1,4 +1,5 @@
-"""Generate the README's result tables from committed ``results.json`` files, so they cannot drift.
+"""Generate the result tables of the README (and of the notebooks under ``bench/results/``) from
+committed ``results.json`` files, so they cannot drift.
 
 A generated region in a markdown file looks like::
 
@@ -13,11 +14,12 @@ directory, relative to the repository root (or absolute); the table is rendered 
 run; ``targets``: several directories, comma-separated, one row each) and replaces the text
 between the markers, which stay.
 
-    python3 -m bench.readme_tables [--check] [README]
+    python3 -m bench.readme_tables [--check] [FILE ...]
 
-rewrites README (default: the repository's ``README.md``) in place and prints the regions it
-updated; ``--check`` changes nothing, prints the stale regions and exits 1 if there are any.
-An unknown kind, a missing results file or an unclosed marker is an error (exit 2).
+rewrites each FILE (default: ``DOCS``, the repository's ``README.md`` and the notebooks it links
+to) in place and prints the regions it updated; ``--check`` changes nothing, prints the stale
+regions and exits 1 if there are any. An unknown kind, a missing results file or an unclosed
+marker is an error (exit 2).
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ from .gemm_bench import FORMULAS, LAUNCH_BOUND
 from .overhead_bench import TARGET_ADDED_US, added_text
 
 REPO = Path(__file__).resolve().parent.parent
+# The markdown files with generated tables: the README, and the run-by-run notebooks it links to.
+DOCS = (REPO / "README.md", REPO / "bench" / "results" / "top-rungs.md",
+        REPO / "bench" / "results" / "overhead.md")
 
 OPEN = re.compile(r"<!--\s*gemmlab:table\s+(\S+)\s+(\S+)\s*-->")
 CLOSE = re.compile(r"<!--\s*/gemmlab:table\s*-->")
@@ -399,30 +404,34 @@ def update(text: str) -> tuple[str, list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Regenerate (or with ``--check``, verify) the tables of a README; returns the exit code."""
+    """Regenerate (or with ``--check``, verify) the tables of markdown files; returns the exit
+    code. Every file is read and rendered before any is written: an error leaves all as they
+    were."""
     parser = argparse.ArgumentParser(prog="python3 -m bench.readme_tables",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true",
                         help="change nothing; exit 1 if any region is stale")
-    parser.add_argument("readme", nargs="?", default=str(REPO / "README.md"),
-                        help="markdown file to update (default: the repository's README.md)")
+    parser.add_argument("files", nargs="*", default=[str(path) for path in DOCS],
+                        help="markdown files to update (default: the repository's README.md "
+                             "and the notebooks under bench/results/ it links to)")
     args = parser.parse_args(argv)
-    path = Path(args.readme)
-    try:
-        text = path.read_text(encoding="utf-8")
-        new_text, changed = update(text)
-    except (OSError, TableError) as exc:
-        print(f"error: {exc}")
-        return 2
-    if args.check:
+    updates = []
+    for path in map(Path, args.files):
+        try:
+            text = path.read_text(encoding="utf-8")
+            new_text, changed = update(text)
+        except (OSError, TableError) as exc:
+            print(f"error: {path.name}: {exc}")
+            return 2
+        updates.append((path, text, new_text, changed))
+    several = len(updates) > 1
+    for path, text, new_text, changed in updates:
+        if not args.check and new_text != text:
+            path.write_text(new_text, encoding="utf-8")
         for name in changed:
-            print(f"stale: {name}")
-        return 1 if changed else 0
-    if new_text != text:
-        path.write_text(new_text, encoding="utf-8")
-    for name in changed:
-        print(f"updated: {name}")
-    return 0
+            where = f" ({path.name})" if several else ""
+            print(f"{'stale' if args.check else 'updated'}: {name}{where}")
+    return 1 if args.check and any(u[3] for u in updates) else 0
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """README tables generated from results.json files (bench.readme_tables); CPU only."""
 
 import json
+import re
 
 import pytest
 
@@ -308,9 +309,33 @@ def test_missing_closing_marker_is_an_error(dirs, tmp_path, capsys):
     assert path.read_text() == text
 
 
-def test_the_readme_tables_are_generated_from_the_committed_results():
-    readme = rt.REPO / "README.md"
-    text = readme.read_text(encoding="utf-8")
-    assert "<!-- gemmlab:table ladder bench/results/h200-ladder-fp16 -->" in text
+def test_an_error_in_one_file_writes_none(dirs, tmp_path, capsys):
+    good, bad = tmp_path / "good.md", tmp_path / "bad.md"
+    good.write_text(readme(*dirs), encoding="utf-8")
+    bad.write_text(f"<!-- gemmlab:table nope {dirs[0]} -->\n<!-- /gemmlab:table -->\n")
+    assert rt.main([str(good), str(bad)]) == 2
+    assert capsys.readouterr().out.startswith("error: bad.md: ")
+    assert good.read_text(encoding="utf-8") == readme(*dirs)
+    bad.write_text(readme(*dirs), encoding="utf-8")
+    assert rt.main([str(good), str(bad)]) == 0
+    out = capsys.readouterr().out
+    assert f"updated: ladder {dirs[0]} (good.md)" in out and "(bad.md)" in out
+    assert rt.main(["--check", str(good), str(bad)]) == 0
+
+
+@pytest.mark.parametrize("doc", rt.DOCS, ids=lambda path: path.name)
+def test_the_readme_tables_are_generated_from_the_committed_results(doc):
+    text = doc.read_text(encoding="utf-8")
+    assert rt.OPEN.search(text), f"{doc.name} has no generated table"
     _, stale = rt.update(text)
     assert stale == [], f"run python3 -m bench.readme_tables: stale {stale}"
+
+
+def test_the_readme_links_every_notebook_and_every_link_resolves():
+    text = (rt.REPO / "README.md").read_text(encoding="utf-8")
+    assert "<!-- gemmlab:table ladder bench/results/h200-ladder-fp16 -->" in text
+    links = re.findall(r"\]\(([^)#]+)\)", text)
+    for doc in rt.DOCS[1:]:
+        assert doc.relative_to(rt.REPO).as_posix() in links
+    missing = [link for link in links if not (rt.REPO / link).exists()]
+    assert missing == []
