@@ -12,8 +12,8 @@ tensors, where reading the same attributes into a Python tuple and hashing it ta
 what ``gemm()`` relies on (a transpose, a slice, another dtype, ``requires_grad``, another
 device type, autocast turned on: a tensor's dispatch keys are its own plus the thread's
 included ones minus its excluded ones, and autocast off excludes the device's Autocast key);
-when it is missing or fails that check, ``Described`` (the same comparison in
-Python) stands in, and ``IMPLEMENTATION`` says which one runs.
+when it is missing or fails that check, ``Described`` (the same comparison in Python) stands
+in, and ``implementation()`` says which one runs.
 """
 
 from __future__ import annotations
