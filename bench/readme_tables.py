@@ -431,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in changed:
             where = f" ({path.name})" if several else ""
             print(f"{'stale' if args.check else 'updated'}: {name}{where}")
-    return 1 if args.check and any(u[3] for u in updates) else 0
+    return 1 if args.check and any(changed for *_, changed in updates) else 0
 
 
 if __name__ == "__main__":

@@ -265,25 +265,25 @@ class Recorder:
         for row in rows:
             self.add(row)
 
-    def finish(self, meta: dict | None = None, **extra) -> list[Path]:
-        """Write results.json (``meta``, default ``collect_meta()`` with the Recorder's own
-        ``meta``; the rows; ``extra`` top-level fields), results.csv and results.png; the paths
-        written (none without ``out``)."""
+    def finish(self, **extra) -> list[Path]:
+        """Write results.json (``meta``: ``collect_meta()`` with the Recorder's own ``meta``;
+        the rows; ``extra`` top-level fields), results.csv and results.png; the paths written
+        (none without ``out``)."""
         if self in _OPEN:
             _OPEN.remove(self)
         if self.lines is not None:
             self.lines.close()
         if self.out is None:
             return []
-        return write_results(self.out, {**collect_meta(), **self.meta} if meta is None else meta,
-                             self.rows, self.plot, **extra)
+        return write_results(self.out, {**collect_meta(), **self.meta}, self.rows, self.plot,
+                             **extra)
 
     def interrupt(self) -> list[Path]:
         """``finish`` with what has been added, ``meta["interrupted"] = True``; a chart that
         cannot be drawn from a partial run is left out rather than lose the rows."""
-        meta = {**collect_meta(), **self.meta, "interrupted": True}
+        self.meta["interrupted"] = True
         try:
-            return self.finish(meta)
+            return self.finish()
         except Exception:  # the plot of a partial run: keep the JSON and CSV written before it
             return [p for p in (self.out / "results.json", self.out / "results.csv")
                     if p.exists()] if self.out is not None else []
