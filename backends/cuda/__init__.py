@@ -334,13 +334,17 @@ class KernelArgs:
     def __init__(self, values: list[int], blobs: int = 0):
         if sys.byteorder != "little":
             raise RuntimeError("KernelArgs packs int parameters for little-endian hosts")
-        self.slots = (ctypes.c_uint64 * len(values))(*values)
-        base = ctypes.addressof(self.slots)
+        self._slot_memory = (ctypes.c_uint64 * len(values))(*values)
+        base = ctypes.addressof(self._slot_memory)
+        # Writes go through memoryviews of the buffers: an item or slice store is a C call
+        # of ~0.1 µs, where ctypes' item stores and memmove took ~0.2 and ~0.5 (2-core CPU).
+        self.slots = memoryview(self._slot_memory).cast("B").cast("Q")
         self._blob_memory = ctypes.create_string_buffer(BLOB_BYTES * blobs + 64)
-        self._blob_base = -(-ctypes.addressof(self._blob_memory) // 64) * 64
-        self._blob_bytes = BLOB_BYTES * blobs
+        blob_base = -(-ctypes.addressof(self._blob_memory) // 64) * 64
+        offset = blob_base - ctypes.addressof(self._blob_memory)
+        self._blobs = memoryview(self._blob_memory).cast("B")[offset:offset + BLOB_BYTES * blobs]
         addresses = [base + 8 * i for i in range(len(values))]
-        addresses += [self._blob_base + BLOB_BYTES * i for i in range(blobs)]
+        addresses += [blob_base + BLOB_BYTES * i for i in range(blobs)]
         self.argv = (ctypes.c_void_p * len(addresses))(*addresses)
         self.address = ctypes.addressof(self.argv)
 
@@ -350,10 +354,11 @@ class KernelArgs:
         Raises:
             ValueError: ``data`` is not that long.
         """
-        if len(data) != self._blob_bytes:
-            raise ValueError(f"expected {self._blob_bytes} bytes of blob parameters, got "
-                             f"{len(data)}")
-        ctypes.memmove(self._blob_base, data, len(data))
+        try:
+            self._blobs[:] = data
+        except ValueError:  # the memoryview refuses a length that differs
+            raise ValueError(f"expected {len(self._blobs)} bytes of blob parameters, got "
+                             f"{len(data)}") from None
 
     def set_pointers(self, pointers: tuple[int, ...]) -> None:
         """Write the pointer parameters (A, B, C, D, then any after the scalars: the tensor
