@@ -186,7 +186,7 @@ _CUDA_RUNGS: tuple[tuple[str, str, CudaKernel], ...] = (
      "D leaves through shared memory by TMA bulk copies while the next tile computes (sm_90a)",
      CudaKernel("10_wgmma_persistent.cu", "gemm_wgmma_persistent",
                 {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "STAGES": 3, "GROUP_M": 8,
-                 "STREAM_K": 0, "C_LEAD": 4, "EARLY_K": 0, "THREADS": 384},
+                 "STREAM_K": 0, "C_LEAD": 4, "THREADS": 384},
                 dtypes=(torch.float16, torch.bfloat16), tma=True, persistent=True,
                 epilogue_maps=True,
                 # The staging tile shares the shared memory with the stages: with 4 stages of
@@ -194,18 +194,18 @@ _CUDA_RUNGS: tuple[tuple[str, str, CudaKernel], ...] = (
                 # a STREAM_K build refuses.
                 space=CudaSpace({"BLOCK_M": (64, 128), "BLOCK_N": (128, 256), "BLOCK_K": (64,),
                                  "STAGES": (2, 3, 4, 5), "GROUP_M": (8, 16),
-                                 "STREAM_K": (0, 1), "C_LEAD": (0, 4, 8), "EARLY_K": (0, 2)},
+                                 "STREAM_K": (0, 1), "C_LEAD": (0, 4, 8)},
                                 _warpgroup_threads))),
     ("cuda_wgmma_cluster", "cuda_wgmma_persistent in 2-CTA clusters: each CTA loads half of the "
      "shared B tile and TMA multicast writes it into both (sm_90a)",
      CudaKernel("11_wgmma_cluster.cu", "gemm_wgmma_cluster",
                 {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "STAGES": 3, "GROUP_M": 8,
-                 "THREADS": 384, "CLUSTER_M": 2, "C_LEAD": 8, "EARLY_K": 0},
+                 "THREADS": 384, "CLUSTER_M": 2, "C_LEAD": 8},
                 dtypes=(torch.float16, torch.bfloat16), tma=True, persistent=True,
                 epilogue_maps=True,
                 space=CudaSpace({"BLOCK_M": (64, 128), "BLOCK_N": (128, 256), "BLOCK_K": (64,),
                                  "STAGES": (2, 3, 4, 5), "GROUP_M": (8, 16), "CLUSTER_M": (2,),
-                                 "C_LEAD": (0, 4, 8), "EARLY_K": (0, 2)},
+                                 "C_LEAD": (0, 4, 8)},
                                 _warpgroup_threads))),
     ("cuda_wgmma_pingpong", "cuda_wgmma_cluster with its two consumer warpgroups taking turns "
      "on 64-row tiles: one's epilogue runs during the other's mainloop (sm_90a)",

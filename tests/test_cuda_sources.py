@@ -1,10 +1,10 @@
 """Every ``.cu`` of the ladder is a registry entry and opens with its ladder step; it compiles
 with nvcc for sm_90 (sm_90a for the wgmma kernel) with the registry's tile sizes (and the other
-builds whose code the defaults leave out: step 10's STREAM_K, steps 10 and 11's EARLY_K), for
-each dtype it is built for, and ptxas reports no register spills and no stack frame (spills
-would put a kernel's accumulators in local memory, defeating register blocking), nor
-serialized or waited-for wgmma instructions. A kernel's description (what its backend's
-``config()`` and a bench row report) names the build that ran."""
+builds whose code the defaults leave out: step 10's STREAM_K), for each dtype it is built for,
+and ptxas reports no register spills and no stack frame (spills would put a
+kernel's accumulators in local memory, defeating register blocking), nor serialized or
+waited-for wgmma instructions. A kernel's description (what its backend's ``config()`` and a
+bench row report) names the build that ran."""
 
 import re
 import shutil
@@ -25,9 +25,7 @@ NVCC = shutil.which("nvcc")
 KERNEL_DTYPES = [(name, dtype) for name, kernel in sorted(CUDA_KERNELS.items())
                  for dtype in kernel.dtypes]
 # Builds other than the defaults whose code paths the defaults do not compile.
-OTHER_BUILDS = {"cuda_wgmma_persistent-stream-k": ("cuda_wgmma_persistent", {"STREAM_K": 1}),
-                "cuda_wgmma_persistent-early-k": ("cuda_wgmma_persistent", {"EARLY_K": 2}),
-                "cuda_wgmma_cluster-early-k": ("cuda_wgmma_cluster", {"EARLY_K": 2})}
+OTHER_BUILDS = {"cuda_wgmma_persistent-stream-k": ("cuda_wgmma_persistent", {"STREAM_K": 1})}
 BUILD_DTYPES = ([(name, name, {}, dtype) for name, dtype in KERNEL_DTYPES] +
                 [(build, name, params, dtype) for build, (name, params) in OTHER_BUILDS.items()
                  for dtype in CUDA_KERNELS[name].dtypes])

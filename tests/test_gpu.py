@@ -100,11 +100,8 @@ def _pin(backend, dtype, shape, params, tmp_path, monkeypatch):
     tuning.reload()
 
 
-# Builds of steps 10 and 11 that the defaults leave out, each with the shapes that reach its
-# paths: (backend, the params changed, M, N, K).
 # Stream-K on the H200's (and H100's) 132 SMs, 128 x 256 tiles: the whole rounds, then the
 # leftover tiles' k-tiles cut into 132 ranges (or as many as there are k-tiles, if fewer).
-STREAM_K = ("cuda_wgmma_persistent", {"STREAM_K": 1})
 STREAM_K_SHAPES = [
     (2048, 4096, 520),    # 256 tiles: 124 left over, 9 k-tiles each; ranges of 8-9 k-tiles
     (2050, 4104, 200),    # ragged M, N, K: 289 tiles, 25 left over, 4 k-tiles each: 100 ranges
@@ -112,74 +109,47 @@ STREAM_K_SHAPES = [
     (130, 300, 4000),     # 4 tiles of 63 k-tiles: 132 ranges, ~33 parts per tile
     (4096, 4096, 64),     # 512 tiles of one k-tile: no tile is split
     (1024, 1024, 8192)]   # 32 tiles of 128 k-tiles: 4-5 parts per tile
-# EARLY_K: a CTA's next tile starts its first two k-tiles during the epilogue of the one before.
-EARLY_K_SHAPES = [
-    (4096, 4096, 64),     # 512 tiles of one k-tile: all of a tile's left half starts early
-    (4096, 8192, 128),    # 1024 tiles of two k-tiles
-    (2050, 4104, 200),    # ragged M, N, K: 289 tiles of 4 k-tiles, 2-3 per CTA
-    (1000, 1016, 520),    # 32 tiles: one per CTA, nothing starts early
-    (8192, 2048, 1032)]   # 512 tiles of 17 k-tiles
-BUILDS = ([(*STREAM_K, *shape) for shape in STREAM_K_SHAPES] +
-          [(backend, {"EARLY_K": 2}, *shape) for shape in EARLY_K_SHAPES
-           for backend in ("cuda_wgmma_persistent", "cuda_wgmma_cluster")])
-
-
-def _build_id(backend, params, m, n, k):
-    return "-".join([backend[11:], *(f"{key}={v}" for key, v in params.items()),
-                     f"{m}x{n}x{k}"])
-
-
-def _flags(params):
-    return [f"-D{key}={value}" for key, value in params.items()]
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("backend,params,m,n,k", BUILDS, ids=[_build_id(*b) for b in BUILDS])
+@pytest.mark.parametrize("m,n,k", STREAM_K_SHAPES)
 @pytest.mark.parametrize("c_kind,aligned_out", [("full", True), ("bias", True),
                                                 ("full", False), (None, True)],
                          ids=["full-c", "bias", "misaligned-out", "no-c"])
-def test_builds_the_defaults_leave_out(dtype, backend, params, m, n, k, c_kind, aligned_out,
-                                       rng, tmp_path, monkeypatch):
-    """Step 10 with STREAM_K, whatever the split (parts of one k-tile or dozens, many CTAs on
-    one tile, CTAs with no range, tiles never split); steps 10 and 11 with EARLY_K, whatever a
-    tile's k-tiles (fewer than the two started early, or more) and CTA's tiles: every D element
-    is checked against float64, D poisoned first; D leaves through the TMA or, one element
-    into its buffer, from registers."""
-    _pin(backend, dtype, (m, n, k), params, tmp_path, monkeypatch)
+def test_stream_k_shares_the_leftover_tiles_right(dtype, m, n, k, c_kind, aligned_out, rng,
+                                                   tmp_path, monkeypatch):
+    """Step 10 built with STREAM_K: whatever the split (parts of one k-tile or dozens, many
+    CTAs on one tile, CTAs with no range, tiles never split), every D element is checked
+    against float64, D poisoned first; D leaves through the TMA or, one element into its
+    buffer, from registers."""
+    _pin("cuda_wgmma_persistent", dtype, (m, n, k), {"STREAM_K": 1}, tmp_path, monkeypatch)
     a, b, c = random_inputs(m, n, k, dtype, "cuda", c_kind, rng)
     buffer = torch.full((m * n + 1,), float("nan"), dtype=dtype, device="cuda")
     out = (buffer[:m * n] if aligned_out else buffer[1:]).view(m, n)
     try:
         for activation in (None, "relu"):
             out.fill_(float("nan"))
-            gemm(a, b, c, activation=activation, backend=backend, out=out)
+            gemm(a, b, c, activation=activation, backend="cuda_wgmma_persistent", out=out)
             assert_matches_reference(out, a, b, c, activation)
-        assert all(flag in backends.BACKENDS[backend].config() for flag in _flags(params))
+        assert "-DSTREAM_K=1" in backends.BACKENDS["cuda_wgmma_persistent"].config()
     finally:
         tuning.reload()
 
 
-EXACT_BUILDS = [(*STREAM_K, m, n) for m, n in ((2048, 4096), (2050, 4104), (256, 512))] + [
-    (backend, {"EARLY_K": 2}, m, n) for m, n in ((4096, 4096), (2050, 4104))
-    for backend in ("cuda_wgmma_persistent", "cuda_wgmma_cluster")]
-
-
 @pytest.mark.parametrize("recipe", [RECIPES[1], RECIPES[3]], ids=lambda r: r.id)
-@pytest.mark.parametrize("backend,params,m,n", EXACT_BUILDS,
-                         ids=[_build_id(b, p, m, n, "K") for b, p, m, n in EXACT_BUILDS])
-def test_builds_the_defaults_leave_out_are_exact(recipe, backend, params, m, n, rng, tmp_path,
-                                                 monkeypatch):
+@pytest.mark.parametrize("m,n", [(2048, 4096), (2050, 4104), (256, 512)])
+def test_stream_k_is_exact(recipe, m, n, rng, tmp_path, monkeypatch):
     """Small-integer inputs (``test_exact``) make every partial sum exact in any order: D
-    split into parts and added back (STREAM_K), or a tile's two halves summed apart for its
-    first k-tiles (EARLY_K), equals float64 bit for bit, so one k-tile lost or added twice
-    fails."""
-    _pin(backend, recipe.dtype, (m, n, recipe.k), params, tmp_path, monkeypatch)
+    split into parts and added back equals float64 bit for bit, so one k-tile lost or added
+    twice fails."""
+    _pin("cuda_wgmma_persistent", recipe.dtype, (m, n, recipe.k), {"STREAM_K": 1}, tmp_path,
+         monkeypatch)
     a, b, c = exact_inputs(m, n, recipe, "cuda", "full", rng)
     try:
         out = torch.full((m, n), float("nan"), dtype=recipe.dtype, device="cuda")
-        gemm(a, b, c, activation="relu", backend=backend, out=out)
+        gemm(a, b, c, activation="relu", backend="cuda_wgmma_persistent", out=out)
         assert_exact(out, a, b, c, "relu")
-        assert all(flag in backends.BACKENDS[backend].config() for flag in _flags(params))
+        assert "-DSTREAM_K=1" in backends.BACKENDS["cuda_wgmma_persistent"].config()
     finally:
         tuning.reload()
 

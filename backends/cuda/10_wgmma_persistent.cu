@@ -96,9 +96,6 @@
 #ifndef C_LEAD
 #define C_LEAD 0  // > 0: a tile's C loads when its k-tile k_end - C_LEAD is ready (0: at once)
 #endif
-#ifndef EARLY_K
-#define EARLY_K 0  // > 0: the next tile's first EARLY_K k-tiles start during this epilogue
-#endif
 #ifndef KERNEL
 #define KERNEL gemm_wgmma_persistent
 #endif
@@ -174,10 +171,6 @@ static_assert(STREAM_K == 0 || STREAM_K == 1, "STREAM_K: 0 or 1");
 static_assert(!STREAM_K || (CLUSTER_M == 1 && !PINGPONG),
               "stream-K: one CTA per tile (no cluster), both warpgroups on every tile");
 static_assert(BLOCK_N / 64 % CLUSTER_M == 0, "each CTA of a cluster loads as many B boxes");
-static_assert(EARLY_K == 0 || (EARLY_K == 2 && EARLY_K < STAGES && BLOCK_N == 256 &&
-                               PASSES == 1 && !PINGPONG && !STREAM_K),
-              "EARLY_K: 0, or 2 (with 1 ptxas serializes every wgmma, C7511) for a one-pass "
-              "epilogue of 256-column tiles, more stages");
 static_assert(CONSUMERS == 1 || 128 * PRODUCER_REGS + 256 * CONSUMER_REGS <=
                                     THREADS * (65536 / THREADS / 8 * 8),
               "setmaxnreg: the consumers can only take the registers the producer gives up");
@@ -450,38 +443,6 @@ __device__ __forceinline__ void late_c(const elem_t* __restrict__ C, int M, int 
     }
 }
 
-// EARLY_K: during a tile's epilogue, once the left 128 columns of the warpgroup's fragment
-// are staged, the next unit's first EARLY_K k-tiles (all, if it has fewer) are issued for
-// those columns into acc0, zeroed first, and not waited for; s, phase: the stage of its
-// first k-tile, loaded already (the ring runs up to STAGES k-tiles ahead, and EARLY_K <
-// STAGES). The mainloop then gives them only their right 128 columns. Returns how many
-// k-tiles were issued.
-__device__ __forceinline__ int start_early(float (&acc0)[64], const WorkUnit& next, int s,
-                                           unsigned phase, unsigned base, int row0,
-                                           unsigned full_bar) {
-    const int count = min(EARLY_K, next.k_end - next.k_begin);
-#pragma unroll
-    for (int e = 0; e < 64; ++e) acc0[e] = 0.0f;
-#pragma unroll
-    for (int i = 0; i < EARLY_K; ++i) {
-        if (i >= count) break;
-        mbar_wait(full_bar + 8 * s, phase);
-        const unsigned a_tile = base + s * STAGE_BYTES + row0 * (BLOCK_K * 2);
-        const unsigned b_tile = base + s * STAGE_BYTES + A_STAGE_BYTES;
-        wgmma_fence();
-#pragma unroll
-        for (int ks = 0; ks < BLOCK_K / 16; ++ks)
-            wgmma_m64n128k16(acc0, smem_desc(a_tile + ks * 32, 16),
-                             smem_desc(b_tile + ks * 16 * 128, B_BOX_BYTES));
-        wgmma_commit();
-        if (++s == STAGES) {
-            s = 0;
-            phase ^= 1;
-        }
-    }
-    return count;
-}
-
 // tmaps: the tensor maps of A and B, as for 09_wgmma.cu. map_d, map_c: the tensor maps of D
 // and of a full C (M x N, 64 x 64 boxes, 128-byte swizzle), kernel parameters; read only
 // where the kernel's `stage` and `prefetch` conditions below hold (the launcher encodes
@@ -687,24 +648,17 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
     if (TURNS > 1) skip_k_tiles(s, phase, turn * KT);  // the CTA's before this warpgroup's tile
     int local = turn;  // the CTA's tiles before this one
     int epilogues = 0;  // this warpgroup's epilogues so far
-    // With EARLY_K: the k-tiles of this tile whose left 128 columns (acc[0]) the last
-    // epilogue has issued already; the mainloop gives those only their right 128.
-    int early = 0;
-    float acc[N_SUB][64];
     WorkUnits units(tiles, KT, first_tile + turn * tile_step, TURNS * tile_step);
-    WorkUnit u, after;  // this unit and the next, if `more`
-    bool more;
-    for (bool have = units.next(u); have; u = after, have = more, local += TURNS) {
-        more = units.next(after);
+    for (WorkUnit u; units.next(u); local += TURNS) {
         int tile_m, tile_n;
         walk_tile(u.tile, tiles_m, tiles_n, tile_m, tile_n);
         const int m0 = tile_m * BLOCK_M + row0;  // this warpgroup's first row
         const int n0 = tile_n * BLOCK_N;
+        float acc[N_SUB][64];
 #pragma unroll
         for (int h = 0; h < N_SUB; ++h)
-            if (h > 0 || early == 0)
 #pragma unroll
-                for (int e = 0; e < 64; ++e) acc[h][e] = 0.0f;
+            for (int e = 0; e < 64; ++e) acc[h][e] = 0.0f;
 
 #if TURNS > 1
         // A parity wait is exact only when the barrier's previous phase has completed: here
@@ -717,10 +671,7 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
 #endif
         const int go = prefetch && u.part != LATER_PART ? c_go(u, epilogues == 0) : -1;
         int last = 0;  // the stage of the k-tile before
-        // One k-tile: wait for its stage, make the arrivals due at it, issue its wgmmas
-        // (`issue(a_tile, b_tile)`: the stage's A rows of this warpgroup and its B), then free
-        // the stage of the k-tile before once its wgmmas are done.
-        auto k_tile = [&](int kt, auto issue) {
+        for (int kt = u.k_begin; kt < u.k_end; ++kt) {
             mbar_wait(full_bar + 8 * s, phase);
             if (kt == go && threadIdx.x % 128 == 0)
                 mbar_arrive(c_go_bar + 8 * consumer);  // the storer may load this tile's C
@@ -728,8 +679,22 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
             if (kt == u.k_end - 1 && threadIdx.x % 128 == 0)
                 mbar_arrive(turn_bar + 8 * ((turn + 1) % TURNS));
 #endif
+            const unsigned a_tile = base + s * STAGE_BYTES + row0 * (BLOCK_K * 2);
+            const unsigned b_tile = base + s * STAGE_BYTES + A_STAGE_BYTES;
             wgmma_fence();
-            issue(base + s * STAGE_BYTES + row0 * (BLOCK_K * 2), base + s * STAGE_BYTES + A_STAGE_BYTES);
+#pragma unroll
+            for (int ks = 0; ks < BLOCK_K / 16; ++ks) {
+                const unsigned long long desc_a = smem_desc(a_tile + ks * 32, 16);
+#if BLOCK_N == 256
+                // One instruction for all 256 columns reads A once (two n128 read it twice):
+                // 94.3 -> 97.7% of cuBLAS at 8192^3 fp16, no epilogue (the probes of
+                // bench/results/h200-wgmma-tma-epilogue/).
+                wgmma_m64n256k16(reinterpret_cast<float(&)[128]>(acc), desc_a,
+                                 smem_desc(b_tile + ks * 16 * 128, B_BOX_BYTES));
+#else
+                wgmma_m64n128k16(acc[0], desc_a, smem_desc(b_tile + ks * 16 * 128, B_BOX_BYTES));
+#endif
+            }
             wgmma_commit();
             wgmma_wait<1>();
             if (kt > u.k_begin && threadIdx.x % 128 == 0) release_stage(empty_bar + 8 * last);
@@ -738,39 +703,7 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
                 s = 0;
                 phase ^= 1;
             }
-        };
-        int kt = u.k_begin;
-        if (EARLY_K > 0) {
-            // The k-tiles whose left half the last epilogue issued: the right half.
-            for (; kt < u.k_begin + early; ++kt)
-                k_tile(kt, [&](unsigned a_tile, unsigned b_tile) {
-#pragma unroll
-                    for (int ks = 0; ks < BLOCK_K / 16; ++ks)
-                        wgmma_m64n128k16(acc[N_SUB - 1], smem_desc(a_tile + ks * 32, 16),
-                                         smem_desc(b_tile + 2 * B_BOX_BYTES + ks * 16 * 128,
-                                                   B_BOX_BYTES));
-                });
-            // Only wgmmas of one shape are ordered on a shared accumulator (PTX ISA,
-            // "wgmma.fence"): the n256 ones below wait for the last n128.
-            wgmma_wait<0>();
         }
-        for (; kt < u.k_end; ++kt)
-            k_tile(kt, [&](unsigned a_tile, unsigned b_tile) {
-#pragma unroll
-                for (int ks = 0; ks < BLOCK_K / 16; ++ks) {
-                    const unsigned long long desc_a = smem_desc(a_tile + ks * 32, 16);
-#if BLOCK_N == 256
-                    // One instruction for all 256 columns reads A once (two n128 read it
-                    // twice): 94.3 -> 97.7% of cuBLAS at 8192^3 fp16, no epilogue (the probes
-                    // of bench/results/h200-wgmma-tma-epilogue/).
-                    wgmma_m64n256k16(reinterpret_cast<float(&)[128]>(acc), desc_a,
-                                     smem_desc(b_tile + ks * 16 * 128, B_BOX_BYTES));
-#else
-                    wgmma_m64n128k16(acc[0], desc_a,
-                                     smem_desc(b_tile + ks * 16 * 128, B_BOX_BYTES));
-#endif
-                }
-            });
         // With a full C and two passes, the second pass's C goes from global memory into
         // registers while the last k-tile's wgmma runs, so that pass waits only for the stores
         // to read the first (through the staging it waited for that read, then for the TMA
@@ -779,7 +712,6 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
         unsigned c_late[2][PIECE_J];
         if (PASSES > 1 && prefetch) late_c(C, M, N, m0, n0 + EPILOGUE_N, warp, lane, c_late);
         wgmma_wait<0>();
-        early = 0;
         // The tile's last stage is free too: the producer may refill it for the next tile.
         if (threadIdx.x % 128 == 0) release_stage(empty_bar + 8 * last);
         if (TURNS > 1) skip_k_tiles(s, phase, (TURNS - 1) * KT);  // the other's next tile
@@ -838,22 +770,18 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
         // 128 h + 8 j + 2 (lane % 4) + e.
         if (!stage) {
 #pragma unroll
-            for (int h = 0; h < N_SUB; ++h) {
+            for (int r = 0; r < 2; ++r) {
+                const int m = m0 + warp * 16 + lane / 4 + 8 * r;
+                if (m >= M) continue;
+                elem_t* d_row = D + (long long)m * N;
 #pragma unroll
-                for (int r = 0; r < 2; ++r) {
-                    const int m = m0 + warp * 16 + lane / 4 + 8 * r;
-                    if (m >= M) continue;
-                    elem_t* d_row = D + (long long)m * N;
+                for (int h = 0; h < N_SUB; ++h)
 #pragma unroll
                     for (int j = 0; j < 16; ++j)
                         store_pair(d_row, C, ldc, N, m, n0 + 128 * h + 8 * j + 2 * (lane % 4),
                                    acc[h][4 * j + 2 * r], acc[h][4 * j + 2 * r + 1], relu,
                                    pair_ok);
-                }
-                if (EARLY_K > 0 && h == 0 && more)
-                    early = start_early(acc[0], after, s, phase, base, row0, full_bar);
             }
-            if (EARLY_K > 0) wgmma_wait<0>();  // as below
             continue;
         }
         // Pass by pass (EPILOGUE_N columns each) through the staging, which is free (the
@@ -903,14 +831,7 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
                         }
                     }
                 }
-                // The left half is staged: the next tile's left 128 columns start on the
-                // tensor cores and run while the right half is staged.
-                if (EARLY_K > 0 && sub == 0 && more)
-                    early = start_early(acc[0], after, s, phase, base, row0, full_bar);
             }
-            // The early wgmmas have had the right half's staging to run: done by now. Left in
-            // flight into the next tile, ptxas waits after every wgmma of the kernel (C7511).
-            if (EARLY_K > 0) wgmma_wait<0>();
             if (PASSES > 2 && prefetch && p >= 1 && p + 1 < PASSES)  // the next pass's C
                 late_c(C, M, N, m0, n0 + (p + 1) * EPILOGUE_N, warp, lane, c_late);
             // Every thread's writes reach the async proxy, then the storer may send them.
