@@ -29,6 +29,11 @@ a NaN-poisoned output:
   median over rounds of the round's gemm() time minus its wrapped-call time, and
   ``added_iqr_us`` the quartiles of those differences. A host whose speed drifts between
   loops (a shared machine) shows as a wide range: a target inside it is within the noise.
+- ``host_ns``: the host's speed while the row ran: ns per call of a Python function that
+  does nothing (``interpreter_ns``), timed at the start of every round, the median. The H200
+  machine's host alternates between two speeds, its interpreter, C code and memory copies
+  all 1.5-1.7x slower in the slow phase (``bench/results/h200-host-phases/``), and every
+  figure above, Python run per call, moves with it: this says which phase a row met.
 - ``signature_guard``: which guard found the binding (``backends.signature``).
 - ``config``: what the backend ran (``Backend.config()`` after the checked calls: the
   autotuner's pick for triton_fused, the kernel's tile sizes, the cuBLASLt plan).
@@ -151,6 +156,21 @@ def _wrapped_cuda(kernel, p: Problem, a, b, c, d) -> Callable[[], object]:
     return driver_launch
 
 
+# Calls per interpreter_ns loop: about 0.2 ms on the H200 machine's host.
+INTERPRETER_CALLS = 5000
+
+
+def _nothing() -> None:
+    return None
+
+
+def interpreter_ns(calls: int = INTERPRETER_CALLS) -> float:
+    """The host's speed now: ns per call of a Python function that does nothing, over one
+    ``timeit`` loop of ``calls`` calls (the interpreter's call path, which ``gemm()``'s own
+    per-call code is made of)."""
+    return timeit.timeit(_nothing, number=calls) / calls * 1e9
+
+
 def _host_us(fn: Callable[[], object], number: int, device: torch.device) -> float:
     """Host µs per call of one ``timeit`` loop of ``number`` calls, GPU idle before it."""
     if device.type == "cuda":
@@ -179,7 +199,7 @@ def measure(name: str, dtype_name: str, device: torch.device, shape=SHAPE, *, ro
     row = {"backend": name, "dtype": dtype_name, "M": m, "N": n, "K": k, "number": number,
            "rounds": rounds, "wrapped_us": None, "gemm_us": None, "untuned_us": None,
            "launch_us": None, "added_us": None, "front_us": None, "closure_us": None,
-           "tuned_us": None, "ok": False, "error": "",
+           "tuned_us": None, "host_ns": None, "ok": False, "error": "",
            "signature_guard": signature.implementation(), "config": ""}
 
     def gemm(tuned: bool):
@@ -202,11 +222,14 @@ def measure(name: str, dtype_name: str, device: torch.device, shape=SHAPE, *, ro
     slowest = max(_host_us(call, 1, device) for call in calls.values())
     number = row["number"] = max(1, min(number, int(200 * 50 / slowest)))
     samples = {label: [] for label in calls}
+    host = []
     order = list(calls)
     for r in range(rounds):  # the order rotates, so no call always runs first or last
+        host.append(interpreter_ns())
         for label in order[r % len(order):] + order[:r % len(order)]:
             samples[label].append(_host_us(calls[label], number, device))
     row.update({label: statistics.median(s) for label, s in samples.items()}, ok=True)
+    row["host_ns"] = statistics.median(host)
     added = [g - w for g, w in zip(samples["gemm_us"], samples["wrapped_us"])]
     row["added_us"] = statistics.median(added)
     row["added_iqr_us"] = _quartiles(added)

@@ -173,6 +173,30 @@ def test_overhead_runs_table_has_a_column_per_run_and_counts_the_runs_that_met(t
     assert lines[6].startswith(f"Source: `{tmp_path}/run-10/results.json`, commit `fedcba9`")
 
 
+def test_overhead_runs_table_reads_the_fast_speed_from_the_host_speed_when_timed(tmp_path):
+    """Runs whose rows timed the host (``host_ns``): a row is at the fast speed when its
+    host_ns is within 1.2x the table's fastest (44.0: 52.8 is, 52.9 and 75.0 are not),
+    whatever its wrapped call took; the cells show the host's speed."""
+    def row(backend, added, wrapped, host_ns):
+        return {"backend": backend, "dtype": "fp32", "M": 32, "N": 32, "K": 32, "ok": True,
+                "added_us": added, "wrapped_us": wrapped, "host_ns": host_ns}
+
+    write(tmp_path, "run-1", [row("cublas", 2.5, 25.0, 44.0), row("cuda_naive", 1.5, 7.0, 52.8)])
+    write(tmp_path, "run-2", [row("cublas", 2.9, 40.0, 52.8), row("cuda_naive", 3.1, 7.1, 52.9)])
+    write(tmp_path, "run-3", [row("cublas", 4.0, 26.0, 75.0), row("cuda_naive", 2.0, 6.9, 44.5)])
+    lines = rt.render("overhead-runs", str(tmp_path)).split("\n")
+    assert lines[:4] == [
+        "| backend | dtype | run-1: added µs (wrapped µs; host ns) "
+        "| run-2: added µs (wrapped µs; host ns) | run-3: added µs (wrapped µs; host ns) "
+        "| added ≤ 3 µs | at the fast speed |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+        "| `cublas` | fp32 | 2.50 (25.0; 44) | 2.90 (40.0; 53) | 4.00 (26.0; 75) | 2 of 3 "
+        "| 2 of 2 |",
+        "| `cuda_naive` | fp32 | 1.50 (7.0; 53) | 3.10 (7.1; 53) | 2.00 (6.9; 44) | 2 of 3 "
+        "| 2 of 2 |",
+    ]
+
+
 def test_overhead_runs_table_needs_runs(tmp_path):
     with pytest.raises(rt.TableError, match="no \\*/results.json under"):
         rt.render("overhead-runs", str(tmp_path))

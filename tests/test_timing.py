@@ -120,6 +120,7 @@ def test_overhead_benchmark_end_to_end_on_cpu(tmp_path):
         assert all(isinstance(r[k], float) for k in ("added_us", "front_us", "closure_us"))
     assert rows[0]["tuned_us"] is None  # cublas has nothing to tune
     assert isinstance(rows[3]["tuned_us"], float)
+    assert all(r["host_ns"] > 0 for r in rows)  # the host's speed, timed in every row
     assert rows[0]["config"] == "cuBLAS heuristics"
     assert rows[3]["config"].startswith("BLOCK_M: ")  # what ran: the tiles, the kernel
     assert (tmp_path / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -174,15 +175,24 @@ def test_overhead_figures_come_from_the_timed_calls(monkeypatch, name):
     monkeypatch.setattr(overhead_bench, "_wrapped", spy_wrapped)
     monkeypatch.setattr(overhead_bench, "bind_launch", spy_bind_launch)
     monkeypatch.setattr(overhead_bench, "_host_us", fake_host_us)
+    host = iter([44.0, 75.0, 46.0])  # the host's speed, timed at the start of each round
+
+    def fake_interpreter_ns():
+        loops.append(("host", None))
+        return next(host)
+
+    monkeypatch.setattr(overhead_bench, "interpreter_ns", fake_interpreter_ns)
     device = torch.device("cuda" if HAS_GPU else "cpu")
     row = overhead_bench.measure(name, "fp32", device, (8, 8, 8), rounds=3, number=200)
     assert row["ok"], row["error"]
     # The slowest probe took 100 µs: loops of 200 * 50 / 100 = 100 calls.
     # The rounds' order rotates: no call always runs first.
+    # Each round starts by timing the host's speed.
     assert loops == [("gemm", 1), ("untuned", 1), ("wrapped", 1), ("launch", 1)] + [
-        ("gemm", 100), ("untuned", 100), ("wrapped", 100), ("launch", 100),
-        ("untuned", 100), ("wrapped", 100), ("launch", 100), ("gemm", 100),
-        ("wrapped", 100), ("launch", 100), ("gemm", 100), ("untuned", 100)]
+        ("host", None), ("gemm", 100), ("untuned", 100), ("wrapped", 100), ("launch", 100),
+        ("host", None), ("untuned", 100), ("wrapped", 100), ("launch", 100), ("gemm", 100),
+        ("host", None), ("wrapped", 100), ("launch", 100), ("gemm", 100), ("untuned", 100)]
+    assert row["host_ns"] == 46.0  # the median of the rounds' host speeds
     assert row["number"] == 100
     assert (row["wrapped_us"], row["gemm_us"], row["untuned_us"], row["launch_us"]) == (
         2.0, 7.0, 6.0, 2.5)
@@ -228,6 +238,11 @@ def test_targets_missed_names_each_target():
         "adds 3.4 > 3 µs (its quartiles reach below: noise?)"]
     row["added_iqr_us"] = [3.1, 4.0]
     assert overhead_bench.targets_missed(row) == ["adds 3.4 > 3 µs"]
+
+
+def test_interpreter_ns_times_a_python_call():
+    # An empty Python call costs tens of ns on any host this runs on; not zero, not a second.
+    assert 1.0 < overhead_bench.interpreter_ns(1000) < 10_000.0
 
 
 def test_added_text_shows_the_quartiles_when_recorded():

@@ -191,10 +191,11 @@ def _overhead(args, names: list[str], dtype_names: list[str], shapes, device: to
                   f"median of per-round differences; targets: gemm() adds <= "
                   f"{ob.TARGET_ADDED_US:g} µs; triton_fused "
                   f"<= {ob.TARGET_TRITON_US:g}, CUDA C <= {ob.TARGET_CUDA_US:g} µs per call; "
-                  f"tuned look-up <= {ob.TARGET_TUNED_US:g} µs")
+                  f"tuned look-up <= {ob.TARGET_TUNED_US:g} µs; host ns: the host's speed "
+                  "during the row (ns per call of an empty Python function)")
     for col in ("backend", "dtype", "M", "N", "K", "wrapped call", "gemm()", "added (quartiles)",
-                "front", "launch - wrapped", "untuned gemm()", "tuned look-up", "check",
-                "targets"):
+                "front", "launch - wrapped", "untuned gemm()", "tuned look-up", "host ns",
+                "check", "targets"):
         table.add_column(col, justify="left" if col in ("backend", "dtype", "check", "targets")
                          else "right")
     for r in rows:
@@ -202,7 +203,8 @@ def _overhead(args, names: list[str], dtype_names: list[str], shapes, device: to
                       gb.fmt(r["wrapped_us"], ".2f"), gb.fmt(r["gemm_us"], ".2f"),
                       ob.added_text(r, ".2f"), gb.fmt(r["front_us"], ".2f"),
                       gb.fmt(r["closure_us"], ".2f"), gb.fmt(r["untuned_us"], ".2f"),
-                      gb.fmt(r["tuned_us"], ".2f"), "PASS" if r["ok"] else "FAIL",
+                      gb.fmt(r["tuned_us"], ".2f"), gb.fmt(r["host_ns"], ".1f"),
+                      "PASS" if r["ok"] else "FAIL",
                       "; ".join(r["targets_missed"]) or ("met" if r["ok"] else "-"))
     console.print(table)
     failed = [r for r in rows if not r["ok"]]
