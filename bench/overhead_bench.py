@@ -31,9 +31,9 @@ a NaN-poisoned output:
   loops (a shared machine) shows as a wide range: a target inside it is within the noise.
 - ``host_ns``: the host's speed while the row ran: ns per call of a Python function that
   does nothing (``interpreter_ns``), timed at the start of every round, the median. The H200
-  machine's host alternates between two speeds, its interpreter, C code and memory copies
-  all 1.5-1.7x slower in the slow phase (``bench/results/h200-host-phases/``), and every
-  figure above, Python run per call, moves with it: this says which phase a row met.
+  machine's host changes speed in phases, its interpreter, C code and memory copies all
+  slowing together, by 1.5-2.9x (``bench/results/h200-host-phases/``), and every figure
+  above, Python run per call, moves with it: this says which phase a row met.
 - ``signature_guard``: which guard found the binding (``backends.signature``).
 - ``config``: what the backend ran (``Backend.config()`` after the checked calls: the
   autotuner's pick for triton_fused, the kernel's tile sizes, the cuBLASLt plan).
