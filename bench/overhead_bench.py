@@ -156,7 +156,7 @@ def _wrapped_cuda(kernel, p: Problem, a, b, c, d) -> Callable[[], object]:
     return driver_launch
 
 
-# Calls per interpreter_ns loop: about 0.2 ms on the H200 machine's host.
+# Calls per interpreter_ns loop: 0.1-0.4 ms on the H200 machine's host.
 INTERPRETER_CALLS = 5000
 
 

@@ -209,8 +209,8 @@ def overhead_table(directory: str) -> str:
 # A run's row is at the host's fast speed when its wrapped call took at most this many times
 # the fastest wrapped call of that row in the table (the host alternates between a fast and a
 # slow speed: the README's "A cheap gemm()"); in runs that timed the host's speed itself
-# (``host_ns``), when that was at most FAST_HOST times the fastest of the table's rows (the
-# two speeds are about 1.7x apart: bench/results/h200-host-phases/).
+# (``host_ns``), when that was at most FAST_HOST times the fastest of the table's rows (its
+# slower speeds are 1.5-2.9x the fastest: bench/results/h200-host-phases/).
 FAST_SPEED = 1.3
 FAST_HOST = 1.2
 
