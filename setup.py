@@ -27,7 +27,7 @@ setup(
         "cuda13": ["cupy-cuda13x>=13", "nvmath-python[cu13]>=1.0"],
         "pycuda": ["pycuda", "cuda-bindings>=12.4"],  # cuFuncGetParamInfo
         "mpi": ["mpi4py>=4", "mpich"],
-        "dev": ["pytest>=8", "pytest-timeout", "hypothesis", "ruff"],
+        "dev": ["pytest>=8", "pytest-timeout", "pytest-xdist", "hypothesis", "ruff"],
     },
     entry_points={"console_scripts": ["gemmlab = bench.cli:main"]},
 )
