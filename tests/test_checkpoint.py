@@ -233,7 +233,9 @@ def test_the_stages_report_compares_runs_of_one_model(runs, tmp_path, capsys):
         assert row["max_loss_diff"] == max(abs(a - b) for a, b in zip(run["loss"],
                                                                        serial["loss"]))
         assert row["final_loss"] == run["loss"][-1]
-    assert 0 < rows[1]["max_loss_diff"] == rows[2]["max_loss_diff"] < 1e-4
+    # The runs' own difference (the loop above): rounding, or 0 where the CPU's kernels sum
+    # TP 2's partial products in the serial run's order (seen on the GPU machine's host).
+    assert rows[1]["max_loss_diff"] == rows[2]["max_loss_diff"] < 1e-4
     assert (out / "results.csv").read_text().splitlines()[0] == (
         "stage,dtype,ranks,steps,ms_per_step,tokens_per_s,speedup,final_loss,max_loss_diff")
     assert (out / "results.png").stat().st_size > 0
