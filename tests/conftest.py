@@ -1,7 +1,9 @@
 """Shared fixtures. Without a GPU, Triton kernels run under the interpreter: the variable
 must be set before ``backends`` (and with it the Triton kernel) is first imported."""
 
+import ctypes
 import os
+import sys
 
 import pytest
 import torch
@@ -9,6 +11,9 @@ import torch
 HAS_GPU = torch.cuda.is_available()
 if not HAS_GPU:
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# The tests read the programs' output as text: rich writes no colour codes to a dumb terminal
+# (Open MPI's mpiexec gives the ranks one that rich would colour).
+os.environ["TERM"] = "dumb"
 
 import backends  # noqa: E402  (after the interpreter switch above)
 
@@ -25,6 +30,33 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# Open MPI 4 starting a singleton (MPI_Init in this process, as the in-process tests of the TP
+# layers do through mpi4py) sets its PMIx and ORTE variables in the C environment, which every
+# child inherits: an mpiexec a later test starts then exits with status 1 and prints nothing
+# (bench/results/gpu-tests-h200/open-mpi-singleton.txt). Python's os.environ never had them.
+_SINGLETON_PREFIXES = ("OMPI_", "PMIX_", "ORTE_", "OPAL_", "HWLOC_", "HFI_", "IPATH_")
+
+
+def _set_by_c_code() -> list[str]:
+    """Names in the process's C environment that os.environ lacks (set there by C code)."""
+    try:
+        environ = ctypes.POINTER(ctypes.c_char_p).in_dll(ctypes.CDLL(None), "environ")
+    except (OSError, ValueError):  # no C `environ` symbol to read (not glibc)
+        return []
+    names, i = [], 0
+    while environ[i]:
+        names.append(environ[i].split(b"=", 1)[0].decode(errors="replace"))
+        i += 1
+    return [name for name in names if name not in os.environ]
+
+
+def pytest_runtest_teardown(item, nextitem):
+    if "mpi4py.MPI" in sys.modules:  # importing it initializes MPI
+        for name in _set_by_c_code():
+            if name.startswith(_SINGLETON_PREFIXES):
+                os.unsetenv(name)
 
 
 def pinned_triton_configs() -> list:
