@@ -32,8 +32,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-# Open MPI 4 starting a singleton (MPI_Init in this process, as the in-process tests of the TP
-# layers do through mpi4py) sets its PMIx and ORTE variables in the C environment, which every
+# Open MPI 4 starting a singleton (MPI_Init in this process, as a test that imports mpi4py.MPI
+# in-process does) sets its PMIx and ORTE variables in the C environment, which every
 # child inherits: an mpiexec a later test starts then exits with status 1 and prints nothing
 # (bench/results/gpu-tests-h200/open-mpi-singleton.txt). Python's os.environ never had them.
 _SINGLETON_PREFIXES = ("OMPI_", "PMIX_", "ORTE_", "OPAL_", "HWLOC_", "HFI_", "IPATH_")
