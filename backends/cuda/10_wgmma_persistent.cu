@@ -96,9 +96,6 @@
 #ifndef C_LEAD
 #define C_LEAD 0  // > 0: a tile's C loads when its k-tile k_end - C_LEAD is ready (0: at once)
 #endif
-#ifndef C_SPREAD
-#define C_SPREAD 0  // > 0: a tile's C boxes load one by one, C_SPREAD k-tiles apart (see c_go)
-#endif
 #ifndef KERNEL
 #define KERNEL gemm_wgmma_persistent
 #endif
@@ -128,7 +125,7 @@
 // memory's base.
 #define SMEM_BYTES_FOR(epilogue_n)                                               \
     (STAGES * STAGE_BYTES + CONSUMERS * 64 * (epilogue_n) * 2 + 1024 +           \
-     (2 * STAGES + (TURNS > 1 ? 5 : 4) * CONSUMERS + 3 * (C_SPREAD > 0) * CONSUMERS) * 8)
+     (2 * STAGES + (TURNS > 1 ? 5 : 4) * CONSUMERS) * 8)
 // EPILOGUE_N: the columns of D a consumer warpgroup stages per epilogue pass. Its whole
 // 64 x BLOCK_N when that fits beside the stages (one pass); else 64 x 128 or 64 x 64 in
 // several passes, each later one waiting until the TMA has read the one before (their C is
@@ -153,8 +150,6 @@
 #define PASS_SUB (EPILOGUE_N / PIECE_N)  // pieces per pass
 #define PASSES (BLOCK_N / EPILOGUE_N)  // epilogue passes per tile, through one staging buffer
 #define STAGING_BYTES (CONSUMERS * 64 * EPILOGUE_N * 2)
-// The go barriers of a consumer warpgroup's C: one per box it loads with C_SPREAD, else one.
-#define C_GOS (C_SPREAD > 0 ? EPILOGUE_N / 64 : 1)
 #define SMEM_BYTES SMEM_BYTES_FOR(EPILOGUE_N)
 
 static_assert(BLOCK_K == 64, "a k-tile is one 128-byte swizzle span of 16-bit elements");
@@ -173,7 +168,6 @@ static_assert(SMEM_BYTES <= 227 * 1024, "more shared memory than a block can hav
 static_assert(GROUP_M >= 1, "GROUP_M >= 1");
 static_assert(CLUSTER_M == 1 || CLUSTER_M == 2, "CLUSTER_M: 1 or 2 CTAs per cluster");
 static_assert(STREAM_K == 0 || STREAM_K == 1, "STREAM_K: 0 or 1");
-static_assert(C_SPREAD == 0 || C_LEAD > 0, "C_SPREAD: the boxes before the one at C_LEAD");
 static_assert(!STREAM_K || (CLUSTER_M == 1 && !PINGPONG),
               "stream-K: one CTA per tile (no cluster), both warpgroups on every tile");
 static_assert(BLOCK_N / 64 % CLUSTER_M == 0, "each CTA of a cluster loads as many B boxes");
@@ -320,27 +314,22 @@ __device__ __forceinline__ int boxes_inside(int M, int N, int m0, int n0) {
 }
 
 // Consumer warpgroup c's 64 x EPILOGUE_N of C for the pass at (m0, n0) into its staging (free:
-// the stores of its last pass have read it), by the TMA, part `g` of C_GOS: the first arms
-// barrier `bar` with the bytes of all the boxes that start inside C; each copies its boxes.
+// the stores of its last pass have read it), by the TMA: arm barrier `bar` with the bytes of
+// the boxes that start inside C and copy them.
 __device__ __forceinline__ void load_c(const void* map_c, int M, int N, int m0, int n0,
-                                       unsigned my_staging, unsigned bar, int g) {
-    constexpr int kPer = EPILOGUE_N / 64 / C_GOS;  // boxes per part
+                                       unsigned my_staging, unsigned bar) {
     const int boxes = boxes_inside(M, N, m0, n0);
-    if (g == 0) mbar_arrive_expect_tx(bar, boxes * BOX_BYTES);
-    for (int j = g * kPer; j < min((g + 1) * kPer, boxes); ++j)
+    mbar_arrive_expect_tx(bar, boxes * BOX_BYTES);
+    for (int j = 0; j < boxes; ++j)
         tma_load_2d(my_staging + j * BOX_BYTES, map_c, bar, n0 + 64 * j, m0);
 }
 
-// The k-tile of unit `u` (one with an epilogue) at whose arrival its storer may load part `g`
-// of its C, or -1: at once. The warpgroup's first unit: once its first ring of stages has
-// landed; with C_LEAD, a unit of more than L = C_LEAD + (C_GOS - 1 - g) x C_SPREAD k-tiles: no
-// sooner than its k-tile k_end - L (with C_SPREAD, the boxes load C_SPREAD k-tiles apart, the
-// last at k_end - C_LEAD, so the CTAs, which reach their tiles' ends nearly together, do not
-// all pull their 64 KiB of C from DRAM at once).
-__device__ __forceinline__ int c_go(const WorkUnit& u, bool first, int g) {
+// The k-tile of unit `u` (one with an epilogue) at whose arrival its storer may load its C,
+// or -1: at once. The warpgroup's first unit: once its first ring of stages has landed; with
+// C_LEAD, a unit of more than C_LEAD k-tiles: no sooner than its k-tile k_end - C_LEAD.
+__device__ __forceinline__ int c_go(const WorkUnit& u, bool first) {
     int go = first ? min(u.k_begin + STAGES, u.k_end) - 1 : -1;
-    const int lead = C_LEAD + (C_GOS - 1 - g) * C_SPREAD;
-    if (C_LEAD > 0 && u.k_end - u.k_begin > lead) go = max(go, u.k_end - lead);
+    if (C_LEAD > 0 && u.k_end - u.k_begin > C_LEAD) go = max(go, u.k_end - C_LEAD);
     return go;
 }
 
@@ -479,8 +468,7 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
     // Taking turns, per consumer warpgroup: the other has waited for every k-tile of its tile
     // (so every earlier fill of every stage is complete: see the mainloop).
     const unsigned turn_bar = staging_free_bar + CONSUMERS * 8;
-    // Per consumer warpgroup (+ 8 * (C_GOS * c + g)): the storer may load part g of its next
-    // tile's C (arrived once per tile).
+    // Per consumer warpgroup: the storer may load its next tile's C (arrived once per tile).
     const unsigned c_go_bar = turn_bar + (TURNS > 1 ? CONSUMERS * 8 : 0);
 
     const int tiles_m = (M + BLOCK_M - 1) / BLOCK_M;
@@ -511,8 +499,7 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
             mbar_init(d_full_bar + 8 * c, 1);  // the warpgroup's, once D is in the staging
             mbar_init(staging_free_bar + 8 * c, 1);  // the storer's, once the stores read it
             if (TURNS > 1) mbar_init(turn_bar + 8 * c, 1);
-            for (int g = 0; g < C_GOS; ++g)  // the warpgroup's, at the k-tile `go` of a tile
-                mbar_init(c_go_bar + 8 * (C_GOS * c + g), 1);
+            mbar_init(c_go_bar + 8 * c, 1);  // the warpgroup's, at the k-tile `go` of a tile
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -589,19 +576,7 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
             WorkUnit u;
             bool have = next_epilogue(units, u);
             int tile_m, tile_n;
-            int gos[C_GOS] = {};  // the waits on each c_go barrier so far
-            // Unit w's C, part by part, each once its consumer warpgroup says go.
-            auto load_tile_c = [&](const WorkUnit& w, bool first) {
-                int wm, wn;
-                walk_tile(w.tile, tiles_m, tiles_n, wm, wn);
-#pragma unroll
-                for (int g = 0; g < C_GOS; ++g) {
-                    if (c_go(w, first, g) >= 0)
-                        mbar_wait(c_go_bar + 8 * (C_GOS * c + g), (unsigned)gos[g]++ & 1);
-                    load_c(&map_c, M, N, wm * BLOCK_M + row0, wn * BLOCK_N, my_staging,
-                           c_full_bar + 8 * c, g);
-                }
-            };
+            int gos = 0;  // the waits on c_go_bar so far
             if (prefetch && have) {
                 // The first tile's C is read at the tile's end. Loaded at the kernel's start,
                 // its 64 KiB per CTA (8.4 MB on 132 SMs, all from DRAM) competed with the first
@@ -610,7 +585,10 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
                 // %globaltimer stamps, bench/results/h200-wgmma-first-c/); it waits for the
                 // warpgroup's first ring of stages. Step 10's ReLU(A @ B + C) at 4096 x 4096 x
                 // 256 went from 1.02 to 1.08-1.10x the best cuBLAS (the README's targets).
-                load_tile_c(u, true);
+                mbar_wait(c_go_bar + 8 * c, (unsigned)gos++ & 1);
+                walk_tile(u.tile, tiles_m, tiles_n, tile_m, tile_n);
+                load_c(&map_c, M, N, tile_m * BLOCK_M + row0, tile_n * BLOCK_N, my_staging,
+                       c_full_bar + 8 * c);
             }
             int pass = 0;
             while (have) {
@@ -629,7 +607,12 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
                     if (!prefetch || p + 1 < PASSES) {  // a later pass's C is in registers
                         mbar_arrive(staging_free_bar + 8 * c);
                     } else if (more) {
-                        load_tile_c(after, false);
+                        if (c_go(after, false) >= 0)
+                            mbar_wait(c_go_bar + 8 * c, (unsigned)gos++ & 1);
+                        int next_m, next_n;
+                        walk_tile(after.tile, tiles_m, tiles_n, next_m, next_n);
+                        load_c(&map_c, M, N, next_m * BLOCK_M + row0, next_n * BLOCK_N,
+                               my_staging, c_full_bar + 8 * c);
                     }
                 }
                 u = after;
@@ -686,17 +669,12 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
         if (local > 0)
             mbar_wait<10000000>(turn_bar + 8 * turn, (unsigned)((local - 1) / TURNS) & 1);
 #endif
-        int go[C_GOS];
-#pragma unroll
-        for (int g = 0; g < C_GOS; ++g)
-            go[g] = prefetch && u.part != LATER_PART ? c_go(u, epilogues == 0, g) : -1;
+        const int go = prefetch && u.part != LATER_PART ? c_go(u, epilogues == 0) : -1;
         int last = 0;  // the stage of the k-tile before
         for (int kt = u.k_begin; kt < u.k_end; ++kt) {
             mbar_wait(full_bar + 8 * s, phase);
-#pragma unroll
-            for (int g = 0; g < C_GOS; ++g)  // the storer may load part g of this tile's C
-                if (kt == go[g] && threadIdx.x % 128 == 0)
-                    mbar_arrive(c_go_bar + 8 * (C_GOS * consumer + g));
+            if (kt == go && threadIdx.x % 128 == 0)
+                mbar_arrive(c_go_bar + 8 * consumer);  // the storer may load this tile's C
 #if TURNS > 1
             if (kt == u.k_end - 1 && threadIdx.x % 128 == 0)
                 mbar_arrive(turn_bar + 8 * ((turn + 1) % TURNS));
