@@ -33,9 +33,12 @@ needs_mpi = pytest.mark.skipif(MPIEXEC is None or not HAS_MPI4PY,
 def mpirun(n: int, *args: str, timeout: int = 180, env: dict | None = None
            ) -> subprocess.CompletedProcess:
     """``mpiexec -n n python args...`` from the repository root, killed after ``timeout``
-    (with ``env`` added to the environment)."""
+    (with ``env`` added to the environment). Under Open MPI with ``--quiet``: its own notices
+    (a rank that exits non-zero gets a framed one on stderr) would hide whether the program
+    wrote anything there."""
     version = subprocess.run([MPIEXEC, "--version"], capture_output=True, text=True).stdout
-    extra = ["--oversubscribe"] if "Open MPI" in version or "OpenRTE" in version else []
+    extra = ["--oversubscribe", "--quiet"] if "Open MPI" in version or "OpenRTE" in version \
+        else []
     return subprocess.run([MPIEXEC, *extra, "-n", str(n), sys.executable, *args],
                           capture_output=True, text=True, cwd=REPO, timeout=timeout,
                           env=None if env is None else {**os.environ, **env})

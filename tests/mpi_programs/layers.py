@@ -1,8 +1,9 @@
 """Run under mpiexec -n P (P divides 4 and 12): the TP layers against the dense layers they
 were cut from, the column-parallel one with each activation (none, ReLU, GELU). Column
-forward must equal the dense columns exactly; everything else (which sums over ranks in
-another order) within 1e-5 of float64; overlap on and off bit-identical. Rank 0 prints one
-line per check group."""
+forward must equal the dense columns exactly (its inputs and weights small integers, so
+every product and sum is exact in fp32 whatever the GEMM's blocking); everything else (which
+sums over ranks in another order) within 1e-5 of float64; overlap on and off bit-identical.
+Rank 0 prints one line per check group."""
 
 import argparse
 
@@ -50,6 +51,23 @@ def dense_columns(x, master, activation, cols):
     return act(y, activation) if activation == "gelu" else y
 
 
+def small_integers(*shape):
+    """Float32 values in -3..3: a product of 12 of them and its bias sum exactly in fp32, in
+    any order. With random floats, equality would hold only if the CPU GEMM rounded a shard's
+    rows as it rounds them inside the dense product, which its kernels (chosen by the row
+    count and the CPU's vector width) need not do."""
+    return torch.randint(-3, 4, shape).float()
+
+
+def integer_master(in_features, out_features):
+    """An ``nn.Linear`` whose weight and bias are ``small_integers``."""
+    master = nn.Linear(in_features, out_features)
+    with torch.no_grad():
+        master.weight.copy_(small_integers(out_features, in_features))
+        master.bias.copy_(small_integers(out_features))
+    return master
+
+
 def dense_run(master, x, grad_out, activation=None):
     """The reference: the dense layer in float64, with its gradients."""
     lin = nn.Linear(master.in_features, master.out_features).double()
@@ -68,9 +86,9 @@ def tp_run(layer, x, grad_out):
 
 
 torch.manual_seed(0)  # the same master and data on every rank
-x = torch.randn(2, 5, 12)
+x = small_integers(2, 5, 12)
 for activation in (None, "relu", "gelu"):
-    master = nn.Linear(12, 8)
+    master = integer_master(12, 8)
     g = torch.randn(2, 5, 8)
     y_ref, gx_ref, gw_ref, gb_ref = dense_run(master, x, g, activation)
     n = 8 // p
@@ -121,11 +139,11 @@ close(gx_s, gx_ref, "row scatter-input dX")
 say(f"OK row-parallel on {p} ranks ({comm.name})")
 
 # Sequence parallelism: each rank holds a block of the 12 tokens between the layers.
-xs = torch.randn(12, 12)
+xs = small_integers(12, 12)
 t = 12 // p
 mine = slice(rank * t, (rank + 1) * t)
 for activation in (None, "relu", "gelu"):
-    master = nn.Linear(12, 8)
+    master = integer_master(12, 8)
     g = torch.randn(12, 8)
     y_ref, gx_ref, gw_ref, gb_ref = dense_run(master, xs, g, activation)
     n = 8 // p
