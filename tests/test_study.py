@@ -40,9 +40,9 @@ def _off_layer_launcher() -> str:
 @needs_mpi
 def test_study_end_to_end_keeps_a_failed_check_out_of_every_efficiency(tmp_path, capsys):
     out = tmp_path / "study"
-    # triton_fused on the CPU runs under the Triton interpreter, which on the GPU machine's
-    # Triton 3.6 failed at its loop bound (a 1-element array for an int; test_cli skips its
-    # interpreter test there too): on a GPU machine the second CPU backend is torch_unfused.
+    # triton_fused on the CPU runs under the Triton interpreter, and Triton 3.6's fails on
+    # numpy 2 (test_cli's interpreter test is CPU-only for the same reason): on a GPU
+    # machine the second CPU backend is torch_unfused.
     second = "torch_unfused" if torch.cuda.is_available() else "triton_fused"
     status = main(["study", *TINY, "--ranks", "1,2", "--mode", "strong", "--comm", "mpi",
                    "--backend", f"cublas,{second},cuda_vec", "--mpiexec",
