@@ -228,19 +228,27 @@ class Recorder:
     ``results.json`` / ``.csv`` / ``.png`` at ``finish``, or at ``interrupt`` with what
     finished (marked ``"interrupted": true`` in ``meta``).
 
-    ``out`` None records nothing on disk (rows are still kept). Only the writing rank of an
-    MPI job should pass an ``out``. ``out`` must have passed ``out_problem``: the directory is
-    created here and any earlier result files in it are removed. While a Recorder is open,
-    ``interrupt_all`` (what ``gemmlab`` runs on Ctrl-C or SIGTERM) finishes it.
+    ``out`` None records nothing on disk (rows are still kept). ``out`` must have passed
+    ``out_problem``: the directory is created here and any earlier result files in it are
+    removed. While a Recorder is open, ``interrupt_all`` (what ``gemmlab`` runs on Ctrl-C or
+    SIGTERM) finishes it.
 
     ``progress``: called with each added row, e.g. to print one line per finished row.
     ``meta``: fields the run adds to ``collect_meta()`` in ``results.json``, finished or
     interrupted (e.g. the timing knobs the rows were taken with).
+    ``comm``: an MPI job's communicator (an mpi4py ``Comm``), every rank constructing its
+    Recorder with the same ``out``: only rank 0 records on disk, and ``finish`` is collective,
+    returning on every rank once rank 0 has written. ``tp.mpi.abort_on_exception`` aborts a
+    job whose ranks reach their exit more than ``GEMMLAB_EXIT_TIMEOUT`` seconds apart, and
+    rank 0's writing (JSON, CSV and chart) took longer than its 10 s on a loaded machine.
     """
 
     def __init__(self, out: str | Path | None, plot: Callable[[list[dict], Path], None],
-                 progress: Callable[[dict], None] | None = None, meta: dict | None = None):
-        self.out = None if out is None else Path(out)
+                 progress: Callable[[dict], None] | None = None, meta: dict | None = None,
+                 comm=None):
+        writes = out is not None and (comm is None or comm.Get_rank() == 0)
+        self.out = Path(out) if writes else None
+        self.comm = comm
         self.plot, self.progress = plot, progress
         self.meta = dict(meta or {})
         self.rows: list[dict] = []
@@ -268,7 +276,14 @@ class Recorder:
     def finish(self, **extra) -> list[Path]:
         """Write results.json (``meta``: ``collect_meta()`` with the Recorder's own ``meta``;
         the rows; ``extra`` top-level fields), results.csv and results.png; the paths written
-        (none without ``out``)."""
+        (none without ``out``). With ``comm``, a barrier over it follows the writing."""
+        paths = self._write(**extra)
+        if self.comm is not None:
+            self.comm.Barrier()
+        return paths
+
+    def _write(self, **extra) -> list[Path]:
+        """``finish`` without the barrier: ``interrupt`` may run on one rank alone."""
         if self in _OPEN:
             _OPEN.remove(self)
         if self.lines is not None:
@@ -283,7 +298,7 @@ class Recorder:
         cannot be drawn from a partial run is left out rather than lose the rows."""
         self.meta["interrupted"] = True
         try:
-            return self.finish()
+            return self._write()
         except Exception:  # the plot of a partial run: keep the JSON and CSV written before it
             return [p for p in (self.out / "results.json", self.out / "results.csv")
                     if p.exists()] if self.out is not None else []

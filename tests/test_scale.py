@@ -1,5 +1,6 @@
 """``gemmlab scale`` (run as ``python -m bench.cli scale``) and the scaling series on CPU
-ranks, every run under ``mpiexec`` with a timeout."""
+ranks, every run under ``mpiexec`` with a timeout: 180 s, a guard against a hang, not a bound
+on speed (on the GPU machine under 8 test workers a 60 s one cut runs of a few seconds short)."""
 
 import json
 import shlex
@@ -42,7 +43,7 @@ def test_weak_scaling_grows_ffn_and_heads_with_p(tmp_path):
     rows = {}
     for p in (1, 2):
         result = mpirun(p, "-m", "bench.cli", "scale", "weak", *TINY, "--out",
-                        str(tmp_path / f"P{p}"), timeout=60)
+                        str(tmp_path / f"P{p}"))
         assert result.returncode == 0, result.stdout + result.stderr
         rows[p] = json.loads((tmp_path / f"P{p}" / "results.json").read_text())["rows"]
         _check_rows(rows[p], p)
@@ -56,7 +57,7 @@ def test_weak_scaling_grows_ffn_and_heads_with_p(tmp_path):
 
 def test_strong_series_merges_speedup_and_efficiency(tmp_path, capsys):
     status = scale_series.main(["strong", "--ranks", "1,2", "--out", str(tmp_path),
-                                "--timeout", "60", "--", *TINY])
+                                "--timeout", "180", "--", *TINY])
     printed = capsys.readouterr().out
     assert status == 0, printed + "".join(
         (tmp_path / f"P{p}" / "log.txt").read_text() for p in (1, 2))
@@ -96,7 +97,7 @@ def test_sequence_parallel_workloads_match_the_dense_ones(tmp_path, comm):
     blocks and every gradient are checked against the TP = 1 reference before timing, and
     the recorded communication is the chunked all-gathers and reduce-scatters."""
     result = mpirun(2, "-m", "bench.cli", "scale", "strong", *TINY, "--comm", comm,
-                    "--sequence-parallel", "--out", str(tmp_path), timeout=60)
+                    "--sequence-parallel", "--out", str(tmp_path))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "sequence parallel" in result.stdout
     rows = json.loads((tmp_path / "results.json").read_text())["rows"]
@@ -115,17 +116,17 @@ def test_sequence_parallel_workloads_match_the_dense_ones(tmp_path, comm):
 
 def test_sequence_parallel_and_cuda_graph_refuse_what_they_cannot_run():
     odd = mpirun(2, "-m", "bench.cli", "scale", "strong", *TINY, "--tokens", "33", "--seq",
-                 "11", "--sequence-parallel", timeout=60)
+                 "11", "--sequence-parallel")
     assert odd.returncode == 2, odd.stdout + odd.stderr
     assert "sequence parallelism needs --tokens (33) divisible by the TP size 2" in odd.stdout
-    graph = mpirun(2, "-m", "bench.cli", "scale", "strong", *TINY, "--cuda-graph", timeout=60)
+    graph = mpirun(2, "-m", "bench.cli", "scale", "strong", *TINY, "--cuda-graph")
     assert graph.returncode == 2, graph.stdout + graph.stderr
     assert "--cuda-graph needs --device cuda and a stream-ordered communicator" in graph.stdout
 
 
 def test_a_size_the_tp_degree_does_not_divide_is_an_error():
     result = mpirun(2, "-m", "bench.cli", "scale", "strong", *TINY, "--hidden", "33",
-                    "--ffn-ratio", "1", "--workload", "mlp", timeout=60)
+                    "--ffn-ratio", "1", "--workload", "mlp")
     assert result.returncode == 2, result.stdout + result.stderr
     assert "FFN width 33 (--ffn-ratio 1 x --hidden 33) is not a multiple of the TP size 2" \
         in result.stdout
@@ -137,7 +138,7 @@ def test_series_skips_what_the_machine_cannot_run_and_stops_at_a_failure(tmp_pat
     script = (f'case "$2" in 2) echo "cannot run: fake"; exit 3;; 4) echo boom; exit 5;; '
               f'*) exec {shlex.quote(MPIEXEC)} "$@";; esac')
     status = scale_series.main(["weak", "--ranks", "1,2,4,8", "--out", str(tmp_path),
-                                "--timeout", "60", "--mpiexec", f"sh -c {shlex.quote(script)} sh",
+                                "--timeout", "180", "--mpiexec", f"sh -c {shlex.quote(script)} sh",
                                 "--", *TINY, "--workload", "mlp"])
     printed = capsys.readouterr().out
     assert status == 1

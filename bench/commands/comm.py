@@ -76,7 +76,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
         for setting in call_checks:
             label = name if call_checks == ["on"] else f"{name} (call check {setting})"
             comms[label] = tp.comm.create(name, world, device, check=setting == "on")
-    recorder = Recorder(args.out if world.Get_rank() == 0 else None, cb.plot)
+    recorder = Recorder(args.out, cb.plot, comm=world)
     for op in ops:
         for label, comm in comms.items():
             if not cb.supports(comm, op, dtype):

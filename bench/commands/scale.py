@@ -80,9 +80,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
     say(f"gemmlab scale {args.mode}: TP={p}, {device.type}, {dtype_name}, backend "
         f"{args.backend}, {comm.name}, overlap {'on' if args.overlap else 'off'}, "
         f"{args.chunks} chunks{margin}{extras}; {RULES[args.mode]}", highlight=False)
-    recorder = Recorder(args.out if world.Get_rank() == 0 else None, plot,
-                        row_printer(console, _describe, len(problems))
-                        if world.Get_rank() == 0 else None)
+    recorder = Recorder(args.out, plot, row_printer(console, _describe, len(problems))
+                        if world.Get_rank() == 0 else None, comm=world)
     for prob in problems:
         recorder.add(measure(prob, args.mode, world, comm, self_comm, device, dtype_name,
                              settings, args.iters, args.warmup_iters,

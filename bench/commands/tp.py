@@ -67,8 +67,9 @@ def run(args: argparse.Namespace, console: Console) -> int:
     say(f"gemmlab tp: TP={world.Get_size()}, {device.type}, {args.dtype}, backend {args.backend}, "
         f"{comm.name}; M={args.tokens} tokens, hidden {args.hidden}, ratio {args.ffn_ratio:g}, "
         f"{args.chunks} chunks{margin}", highlight=False)
-    recorder = Recorder(args.out if world.Get_rank() == 0 else None, tp_bench.plot,
-                        row_printer(console, _describe) if world.Get_rank() == 0 else None)
+    recorder = Recorder(args.out, tp_bench.plot,
+                        row_printer(console, _describe) if world.Get_rank() == 0 else None,
+                        comm=world)
     tp_bench.run(world, comm, self_comm, device, args.dtype, args.tokens, args.hidden,
                  args.ffn_ratio, args.backend, args.chunks, args.iters, args.warmup_iters,
                  sm_margin=args.sm_margin, sequence_parallel=args.sequence_parallel,

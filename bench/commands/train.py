@@ -187,7 +187,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
     plot = functools.partial(plot_loss, label=label, reference=None if reference is None else
                              {"configuration": reference["summary"]["configuration"],
                               "loss": reference["loss"]})
-    recorder = Recorder(args.out if world.Get_rank() == 0 else None, plot)
+    recorder = Recorder(args.out, plot, comm=world)
     every = max(1, args.steps // 10)
 
     def log(step, loss, ms):

@@ -1,0 +1,66 @@
+"""bench.recording.Recorder: each row on disk as it is added, the result files at finish or
+(marked) at an interrupt, and in an MPI job rank 0 alone writing while the others wait for
+it in finish; CPU only."""
+
+import json
+
+from bench.recording import Recorder
+
+
+def plot(rows, path):
+    path.write_bytes(b"\x89PNG")
+
+
+class FakeComm:
+    """The two calls a Recorder makes of an mpi4py communicator; ``barriers`` holds, per
+    Barrier, which result files existed when it was called."""
+
+    def __init__(self, rank, out):
+        self.rank, self.out, self.barriers = rank, out, []
+
+    def Get_rank(self):
+        return self.rank
+
+    def Barrier(self):
+        self.barriers.append(sorted(p.name for p in self.out.glob("results.*")))
+
+
+def test_rows_reach_the_disk_as_they_are_added_and_the_files_at_finish(tmp_path):
+    recorder = Recorder(tmp_path / "out", plot, meta={"knob": 3})
+    recorder.add({"x": 1})
+    lines = (tmp_path / "out" / "results.jsonl").read_text().splitlines()
+    assert [json.loads(line) for line in lines] == [{"x": 1}]
+    recorder.add({"x": 2, "y": 0.5})
+    paths = recorder.finish()
+    assert [p.name for p in paths] == ["results.json", "results.csv", "results.png"]
+    written = json.loads(paths[0].read_text())
+    assert written["rows"] == [{"x": 1}, {"x": 2, "y": 0.5}] and written["meta"]["knob"] == 3
+    assert "interrupted" not in written["meta"]
+    assert paths[1].read_text().splitlines() == ["x,y", "1,", "2,0.5"]
+
+
+def test_only_rank_0_of_a_communicator_writes_and_every_rank_waits_for_it(tmp_path):
+    out = tmp_path / "out"
+    other = FakeComm(1, out)
+    recorder = Recorder(out, plot, comm=other)
+    recorder.add({"x": 1})
+    assert not out.exists()  # rank 1 creates nothing
+    assert recorder.finish() == [] and recorder.rows == [{"x": 1}]
+    assert len(other.barriers) == 1
+    root = FakeComm(0, out)
+    recorder = Recorder(out, plot, comm=root)
+    recorder.add({"x": 1})
+    assert len(recorder.finish()) == 3
+    # The barrier comes after the writing: ranks leave finish() once rank 0 has written.
+    assert root.barriers == [["results.csv", "results.json", "results.jsonl", "results.png"]]
+
+
+def test_an_interrupt_writes_what_finished_without_waiting_for_other_ranks(tmp_path):
+    """Ctrl-C or SIGTERM may reach one rank alone: a barrier there could wait forever."""
+    root = FakeComm(0, tmp_path)
+    recorder = Recorder(tmp_path, plot, comm=root)
+    recorder.add({"x": 1})
+    paths = recorder.interrupt()
+    assert [p.name for p in paths] == ["results.json", "results.csv", "results.png"]
+    assert json.loads(paths[0].read_text())["meta"]["interrupted"] is True
+    assert root.barriers == []
