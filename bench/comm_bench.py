@@ -8,9 +8,14 @@ dtype, and every rank can regenerate every other rank's input to compute its exp
 output. The operation runs once into a poisoned output and ``#wrong`` counts the elements
 that differ from the expected values; then ``-w`` warm-up and ``-n`` timed iterations run
 back to back (CUDA events on GPUs, ``MPI.Wtime`` on CPUs) and the time is the slowest rank's
-mean. With ``-c N`` the output is checked again after every N timed iterations, outside the
-timed stretches (nccl-tests' ``-c``). A row with any wrong element is FAIL: its time and
-bandwidths are not reported.
+mean: the call time, host included, as nccl-tests reports it. With ``-c N`` the output is
+checked again after every N timed iterations, outside the timed stretches (nccl-tests' ``-c``).
+A row with any wrong element is FAIL: its time and bandwidths are not reported.
+
+With ``timing="graph"`` (nccl-tests' ``-G``) the ``-n`` calls are captured once into a CUDA
+graph and the graph is replayed: the time is then the GPU's alone, without the host's launch
+cost per call. The graph's output is poisoned, checked after its first replay and again after
+the timed replays. Only stream-ordered communicators can be captured.
 
 Bandwidths follow nccl-tests' PERFORMANCE.md: size S is the larger of the input and output
 buffers in bytes, algbw = S / t, busbw = algbw * factor, with factor 2(P-1)/P for
@@ -95,10 +100,15 @@ def random_input(rank: int, op: str, nbytes: int, count: int, device: torch.devi
     return torch.randint(-2, 3, (count,), generator=generator, device=device)
 
 
+TIMINGS = ("eager", "graph")
+GRAPH_REPLAYS = 5  # replays of the captured -n calls per timed row
+
+
 class DirectNccl:
     """The baseline: ``cupy.cuda.nccl`` called directly, no gemmlab code in the loop."""
 
     name = "nccl_direct"
+    stream_ordered = True
     ops = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 
     def __init__(self, comm, device: torch.device):
@@ -127,10 +137,13 @@ class DirectNccl:
         self.nccl.destroy()
 
 
-def supports(comm, op: str, dtype: torch.dtype) -> bool:
+def supports(comm, op: str, dtype: torch.dtype, timing: str = "eager") -> bool:
     """Whether ``comm`` can run ``op`` on ``dtype`` (native MPI cannot sum fp16/bf16; the
-    direct NCCL baseline covers NCCL's own collectives only)."""
+    direct NCCL baseline covers NCCL's own collectives only) under ``timing`` (a CUDA graph
+    captures stream-ordered communicators only)."""
     if op not in getattr(comm, "ops", COLLECTIVES):
+        return False
+    if timing == "graph" and not comm.stream_ordered:
         return False
     sums = op in ("all_reduce", "reduce_scatter")
     reduce_dtypes = getattr(comm, "reduce_dtypes", None)
@@ -167,12 +180,21 @@ def sizes(min_bytes: int, max_bytes: int, factor: int) -> list[int]:
 
 
 def measure(comm, op: str, nbytes: int, dtype: torch.dtype, device: torch.device,
-            world, iters: int, warmup: int, check_every: int = 0, seed: int = 0) -> dict | None:
+            world, iters: int, warmup: int, check_every: int = 0, seed: int = 0,
+            timing: str = "eager") -> dict | None:
     """One row: check ``op`` once, then time it (re-checking after every ``check_every``
-    timed iterations when > 0). ``dtype``: a torch dtype of ``backends.dtypes.COMM``; the
-    row's ``dtype`` is its name there (fp32, bf16, ...). None when the size holds no whole
-    element per rank. A row with a wrong element has ``ok`` False and no time. Collective over
-    ``world``: every rank calls it with the same arguments."""
+    timed iterations when > 0; with ``timing="graph"``, the captured calls as the module doc
+    says). ``dtype``: a torch dtype of ``backends.dtypes.COMM``; the row's ``dtype`` is its
+    name there (fp32, bf16, ...). None when the size holds no whole element per rank. A row
+    with a wrong element has ``ok`` False and no time. Collective over ``world``: every rank
+    calls it with the same arguments.
+
+    Raises:
+        ValueError: an unknown ``timing``, or ``"graph"`` on a device that is not CUDA.
+    """
+    if timing not in TIMINGS or (timing == "graph" and device.type != "cuda"):
+        raise ValueError(f"timing must be one of {', '.join(TIMINGS)} (graph on CUDA only); "
+                         f"got {timing!r} on {device.type}")
     p, r = world.Get_size(), world.Get_rank()
     spec = COLLECTIVES[op]
     count = nbytes // dtype.itemsize
@@ -202,13 +224,20 @@ def measure(comm, op: str, nbytes: int, dtype: torch.dtype, device: torch.device
     bad = wrong()
     size = count * dtype.itemsize
     row = {"backend": comm.name, "call_check": getattr(comm, "check", None), "op": op,
-           "dtype": name_of(dtype), "device": device.type, "ranks": p,
+           "dtype": name_of(dtype), "device": device.type, "ranks": p, "timing": timing,
            "bytes": size, "count": count, "iters": iters, "check_every": check_every,
            "time_us": None, "algbw": None, "busbw": None, "wrong": bad, "ok": False}
     if bad:
         return row
     for _ in range(warmup):
         call()
+    if timing == "graph":
+        seconds, bad = _graph_seconds(call, iters, out, poison, op != "broadcast" or r != 0,
+                                      wrong, device, world)
+        row["wrong"] = bad
+        if not bad:
+            _timed(row, seconds, size, spec.factor(p))
+        return row
     stretch = check_every if check_every > 0 else iters
     seconds, done = 0.0, 0
     while done < iters:
@@ -222,16 +251,38 @@ def measure(comm, op: str, nbytes: int, dtype: torch.dtype, device: torch.device
             if (bad := wrong()):
                 row["wrong"] = bad
                 return row
-    seconds /= iters
-    algbw = size / seconds / 1e9
-    row.update(time_us=seconds * 1e6, algbw=algbw, busbw=algbw * spec.factor(p), ok=True)
+    _timed(row, seconds / iters, size, spec.factor(p))
     return row
 
 
+def _timed(row: dict, seconds: float, size: int, factor: float) -> None:
+    """Fill a checked row's time and bandwidths from seconds per call."""
+    algbw = size / seconds / 1e9
+    row.update(time_us=seconds * 1e6, algbw=algbw, busbw=algbw * factor, ok=True)
+
+
+def _graph_seconds(call, iters: int, out: torch.Tensor, poison: int, poisoned: bool, wrong,
+                   device: torch.device, world) -> tuple[float, int]:
+    """(seconds per call, wrong elements) of ``iters`` calls captured into one CUDA graph and
+    replayed ``GRAPH_REPLAYS`` times; ``out`` (poisoned first when ``poisoned``) is checked
+    by ``wrong()`` after the first replay and after the timed ones (0 seconds when wrong)."""
+    from .timing import capture
+
+    graph, _ = capture(lambda: [call() for _ in range(iters)])
+    if poisoned:
+        out.fill_(poison)
+    graph.replay()
+    if (bad := wrong()):
+        return 0.0, bad
+    seconds = seconds_per_call(graph.replay, GRAPH_REPLAYS, device, world) / iters
+    return seconds, wrong()
+
+
 def series(row: dict) -> str:
-    """A row's line in the plot: its backend, and whether its calls were checked when a run
-    measured both."""
-    return row["backend"] + (" (call check off)" if row.get("call_check") is False else "")
+    """A row's line in the plot: its backend, whether its calls were checked when a run
+    measured both, and CUDA-graph timing."""
+    return (row["backend"] + (" (call check off)" if row.get("call_check") is False else "")
+            + (" (graph)" if row.get("timing") == "graph" else ""))
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -252,7 +303,8 @@ def plot(rows: list[dict], path: Path) -> None:
         for name in dict.fromkeys(series(r) for r in rows if r["op"] == op):
             sub = [r for r in rows if r["op"] == op and series(r) == name]
             ax.plot([r["bytes"] for r in sub], [r["busbw"] for r in sub], marker=".", label=name,
-                    color=colors[name], linestyle="--" if name.endswith("off)") else "-")
+                    color=colors[name], linestyle=":" if name.endswith("(graph)") else
+                    "--" if name.endswith("off)") else "-")
             first = sub[0]
             ax.set_title(f"{op}, {first['ranks']} ranks, {first['dtype']}, {first['device']}",
                          fontsize=10)

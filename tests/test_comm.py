@@ -69,8 +69,10 @@ def test_every_operation_matches_numpy(ranks):
     assert re.search(rf"OK symm in 520-byte pieces, two-shot on {ranks} ranks \(cpu\): \d+ "
                      rf"checks, one-shot 0 calls, two-shot [1-9]\d* calls", result.stdout)
     assert f"OK symm same bits on every rank and path on {ranks} ranks (cpu)" in result.stdout
+    # two ranks take one-shot at every size (symm.crossover); more take both
+    two_shot = "0" if ranks == 2 else r"[1-9]\d*"
     assert re.search(rf"OK symm above its 8388608-byte capacity on {ranks} ranks \(cpu\): "
-                     rf"\d+ checks, one-shot [1-9]\d* calls, two-shot [1-9]\d* calls",
+                     rf"\d+ checks, one-shot [1-9]\d* calls, two-shot {two_shot} calls",
                      result.stdout)
 
 
@@ -85,7 +87,7 @@ def test_symm_on_one_gpu_shared_by_two_ranks():
                     env={"CUDA_VISIBLE_DEVICES": first}, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "OK symm on 2 ranks (cuda)" in result.stdout
-    assert "OK symm above its 8388608-byte capacity on 2 ranks (cuda)" in result.stdout
+    assert "OK symm above its 67108864-byte capacity on 2 ranks (cuda)" in result.stdout
     # on each of the 2 ranks, in 3 dtypes: all_reduce in 4 operand layouts x 2 calls,
     # reduce_scatter in 3; all_gather in 2 layouts in all 6 dtypes; checks in all 6 dtypes
     assert ("OK symm one-shot kernels (all_reduce 48, reduce_scatter 18, all_gather 24 calls) "
@@ -195,6 +197,36 @@ def test_a_failed_async_op_aborts_the_job_though_never_waited(backend, tmp_path)
     assert re.search(r"different sizes|truncat", result.stderr, re.IGNORECASE), result.stderr
 
 
+class _FakeNcclComm:
+    """Counts ``destroy`` calls, as cupy's NcclCommunicator would run ncclCommDestroy."""
+
+    def __init__(self):
+        self.destroyed = 0
+
+    def destroy(self):
+        self.destroyed += 1
+
+
+def test_nccl_communicators_destroy_their_nccl_comm_once_on_close():
+    """ncclCommDestroy is collective: left to garbage collection it runs whenever each
+    process frees the object, and one rank waited there while the other had reached its exit
+    (gemmlab comm on 2 GPUs). close(), which every rank calls in the same order, runs it."""
+    from tp.comm.base import Communicator
+    from tp.comm.nccl_backend import NcclCommunicator
+    from tp.comm.ring import RingCommunicator
+    from tp.comm.transport import NcclTransport
+
+    nccl = object.__new__(NcclCommunicator)  # __init__ would need a GPU and peers
+    Communicator.__init__(nccl, 0, 2)
+    nccl.comm = first = _FakeNcclComm()
+    ring = RingCommunicator(NcclTransport(second := _FakeNcclComm(), 0, 2))
+    for communicator in (nccl, ring):
+        communicator.close()
+        communicator.close()
+    assert first.destroyed == second.destroyed == 1
+    assert nccl.comm is None and ring.transport.comm is None
+
+
 @needs_mpi
 def test_the_ranks_wait_for_rank_0_to_write_its_results(tmp_path):
     """A chart that takes rank 0 longer than the exit timeout does not abort the job."""
@@ -256,14 +288,14 @@ def test_gemmlab_comm_on_cpu_end_to_end(tmp_path):
 
 @needs_mpi
 def test_gemmlab_comm_sweeps_symm_on_cpu(tmp_path):
-    """2 ranks, every collective at 1 KiB and 96 KiB (one-shot all-reduce) and 9 MiB (above
-    the 256 KiB one-shot limit and the 8 MiB heap: two-shot, in pieces), each call checked."""
+    """2 ranks, every collective at 1 KiB, 96 KiB and 9 MiB (above the 8 MiB heap: in
+    pieces), each call checked."""
     result = mpirun(2, "-m", "bench.cli", "comm", "--device", "cpu", "-b", "1K", "-e", "9M",
                     "-f", "96", "-n", "2", "-w", "1", "-c", "1", "--op",
                     "all_reduce,all_gather,reduce_scatter,all_to_all,broadcast",
                     "--comm", "symm", "--out", str(tmp_path))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "all_reduce | symm | 2 ranks | fp32 | cpu" in result.stdout
+    assert "all_reduce | symm | eager | 2 ranks | fp32 | cpu" in result.stdout
     rows = json.loads((tmp_path / "results.json").read_text())["rows"]
     assert {(r["op"], r["backend"], r["bytes"]) for r in rows} == {
         (op, "symm", size) for op in cb.COLLECTIVES for size in (1024, 96 << 10, 9 << 20)}
@@ -289,8 +321,9 @@ def test_gemmlab_comm_sweeps_both_symm_all_reduce_algorithms_at_every_size(tmp_p
 @pytest.mark.parametrize("name,path", [("symm", "one_shot"), ("symm/one-shot", "one_shot"),
                                        ("symm/two-shot", "two_shot")])
 def test_each_symm_name_takes_its_all_reduce_algorithm(name, path):
-    """In-process, one rank: which algorithm an all_reduce of 1 KiB and of 1 MiB (above the
-    default limit) runs, by the communicator's name."""
+    """In-process, one rank: which algorithm an all_reduce of 1 KiB and of 1 MiB (above
+    ONE_SHOT_MAX_BYTES) runs, by the communicator's name: symm's crossover on one rank is
+    that of two, every size one-shot."""
     import tp.comm
 
     comm = tp.comm.create(name, None, "cpu")
@@ -304,10 +337,17 @@ def test_each_symm_name_takes_its_all_reduce_algorithm(name, path):
         for count in (256, 1 << 18):
             x = torch.arange(count, dtype=torch.float32)
             assert torch.equal(comm.all_reduce(x.clone()), x)  # one rank: the sum is x
-        expected = {"symm": ["one_shot", "two_shot"]}.get(name, [path, path])
-        assert taken == expected
+        assert taken == [path, path]
     finally:
         comm.close()
+
+
+def test_symm_crossover_is_one_shot_at_every_size_on_two_ranks_only():
+    """At two ranks one-shot reads as many bytes as two-shot and meets one barrier less."""
+    from tp.comm.symm import ONE_SHOT_MAX_BYTES, crossover
+
+    assert crossover(2) == crossover(1) > 1 << 60
+    assert crossover(3) == crossover(8) == ONE_SHOT_MAX_BYTES
 
 
 def test_gemmlab_comm_sweeps_symm_by_default():
@@ -325,7 +365,7 @@ def test_gemmlab_comm_takes_the_long_options_and_the_short_dtype_names(tmp_path)
                     "--warmup-iters", "1", "--check-every", "1", "--comm", "mpi,ring",
                     "--dtype", "bf16", "--op", "all_reduce,all_gather", "--out", str(tmp_path))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "skipped all_reduce on mpi: not supported for bf16" in result.stdout
+    assert "skipped all_reduce on mpi, eager: not supported for bf16" in result.stdout
     rows = json.loads((tmp_path / "results.json").read_text())["rows"]
     assert {(r["op"], r["backend"]) for r in rows} == {
         ("all_reduce", "ring/mpi"), ("all_gather", "mpi"), ("all_gather", "ring/mpi")}
@@ -344,12 +384,43 @@ def test_gemmlab_comm_takes_the_long_options_and_the_short_dtype_names(tmp_path)
     (("--dtype", "float32"), "error: unknown dtype float32; known: fp32, fp64, fp16, bf16, "
                              "int32, int64"),
     (("--comm", "nccl"), "error: --comm nccl needs GPUs (--device cuda)"),
+    (("--timing", "eager,wall"), "error: unknown --timing wall; known: eager, graph"),
+    (("--timing", "graph"), "error: --timing graph captures CUDA graphs: it needs --device "
+                            "cuda"),
     (("-e", "1K", "-b", "4K"), "error: need 1 <= min bytes <= max bytes"),
 ])
 def test_gemmlab_comm_rejects_unknown_names(argv, message):
     result = mpirun(1, "-m", "bench.cli", "comm", "--device", "cpu", *argv)
     assert result.returncode == 2, result.stdout + result.stderr
     assert message in result.stdout, result.stdout
+
+
+def test_graph_timing_needs_cuda():
+    from mpi4py import MPI
+
+    with pytest.raises(ValueError, match="graph on CUDA only"):
+        cb.measure(None, "all_reduce", 64, torch.float32, torch.device("cpu"), MPI.COMM_SELF,
+                   2, 0, timing="graph")
+
+
+@pytest.mark.gpu
+@needs_mpi
+def test_gemmlab_comm_times_captured_calls_on_one_gpu(tmp_path):
+    """Two ranks sharing one GPU, symm (nccl refuses two ranks on one GPU): every size eager
+    and as CUDA-graph replays, each checked (poisoned, after the first and the last replay)."""
+    first = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
+    result = mpirun(2, "-m", "bench.cli", "comm", "--device", "cuda", "--comm", "symm",
+                    "--op", "all_reduce,all_gather,reduce_scatter", "-b", "8K", "-e", "2M",
+                    "-f", "16", "-n", "4", "-w", "1", "--timing", "eager,graph", "--dtype",
+                    "bf16", "--out", str(tmp_path), env={"CUDA_VISIBLE_DEVICES": first},
+                    timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "all_gather | symm | graph | 2 ranks | bf16 | cuda" in result.stdout
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert {(r["op"], r["timing"], r["bytes"]) for r in rows} == {
+        (op, timing, size) for op in ("all_reduce", "all_gather", "reduce_scatter")
+        for timing in ("eager", "graph") for size in (8 << 10, 128 << 10, 2 << 20)}
+    assert all(r["ok"] and r["wrong"] == 0 and r["time_us"] > 0 for r in rows)
 
 
 def test_gemmlab_comm_options_keep_nccl_tests_letters():

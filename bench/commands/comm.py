@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 
 from rich.console import Console
 from rich.table import Table
@@ -30,7 +31,8 @@ def _check(args, device_type: str) -> None:
     names = csv_list(args.comm or default_comms(device_type))
     for kind, given, known in (("op", csv_list(args.op), tuple(cb.COLLECTIVES)),
                                ("communicator", names, (*tp.comm.BACKENDS, "nccl_direct")),
-                               ("--call-check", csv_list(args.call_check), ("on", "off"))):
+                               ("--call-check", csv_list(args.call_check), ("on", "off")),
+                               ("--timing", csv_list(args.timing), cb.TIMINGS)):
         if not given:
             raise UsageError(f"no {kind} given; known: {', '.join(known)}")
         if bad := [x for x in given if x not in known]:
@@ -46,6 +48,8 @@ def _check(args, device_type: str) -> None:
                          f">= 0; got {args.iters}, {args.warmup_iters}, {args.check_every}")
     if device_type != "cuda" and (gpu := [x for x in names if x in GPU_ONLY]):
         raise UsageError(f"--comm {', '.join(gpu)} needs GPUs (--device cuda)")
+    if device_type != "cuda" and "graph" in csv_list(args.timing):
+        raise UsageError("--timing graph captures CUDA graphs: it needs --device cuda")
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
@@ -77,27 +81,29 @@ def run(args: argparse.Namespace, console: Console) -> int:
             label = name if call_checks == ["on"] else f"{name} (call check {setting})"
             comms[label] = tp.comm.create(name, world, device, check=setting == "on")
     recorder = Recorder(args.out, cb.plot, comm=world)
-    for op in ops:
-        for label, comm in comms.items():
-            if not cb.supports(comm, op, dtype):
-                say(f"skipped {op} on {label}: not supported for {args.dtype}")
-                continue
-            block = [row for size in steps
-                     if (row := cb.measure(comm, op, size, dtype, device, world, args.iters,
-                                           args.warmup_iters, args.check_every,
-                                           args.seed)) is not None]
-            recorder.extend(block)
-            table = Table(title=f"{op} | {label} | {world.Get_size()} ranks | {args.dtype} | "
-                          f"{device.type}")
-            for col in ("size (B)", "count", "type", "time (us)", "algbw (GB/s)",
-                        "busbw (GB/s)", "#wrong"):
-                table.add_column(col, justify="right")
-            for r in block:
-                timed = ((f"{r['time_us']:.1f}", f"{r['algbw']:.2f}", f"{r['busbw']:.2f}")
-                         if r["ok"] else ("FAIL", "-", "-"))
-                table.add_row(str(r["bytes"]), str(r["count"]), r["dtype"], *timed,
-                              str(r["wrong"]))
-            say(table)
+    for op, (label, comm), timing in itertools.product(ops, comms.items(),
+                                                       csv_list(args.timing)):
+        if not cb.supports(comm, op, dtype, timing):
+            say(f"skipped {op} on {label}, {timing}: not supported for {args.dtype}"
+                + (" (a CUDA graph needs a stream-ordered communicator)"
+                   if timing == "graph" and not comm.stream_ordered else ""))
+            continue
+        block = [row for size in steps
+                 if (row := cb.measure(comm, op, size, dtype, device, world, args.iters,
+                                       args.warmup_iters, args.check_every,
+                                       args.seed, timing)) is not None]
+        recorder.extend(block)
+        table = Table(title=f"{op} | {label} | {timing} | {world.Get_size()} ranks | "
+                      f"{args.dtype} | {device.type}")
+        for col in ("size (B)", "count", "type", "time (us)", "algbw (GB/s)",
+                    "busbw (GB/s)", "#wrong"):
+            table.add_column(col, justify="right")
+        for r in block:
+            timed = ((f"{r['time_us']:.1f}", f"{r['algbw']:.2f}", f"{r['busbw']:.2f}")
+                     if r["ok"] else ("FAIL", "-", "-"))
+            table.add_row(str(r["bytes"]), str(r["count"]), r["dtype"], *timed,
+                          str(r["wrong"]))
+        say(table)
     for comm in comms.values():
         comm.close()
     rows = recorder.rows
@@ -138,6 +144,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     comm.add_argument("--call-check", default="on",
                       help="comma list of on, off: gemmlab communicators with and without "
                       "the ranks' call check (tp.comm.create's check=); both measure its cost")
+    comm.add_argument("--timing", default="eager",
+                      help="comma list of eager (back-to-back calls: call time, host "
+                      "included) and graph (the -n calls captured into one CUDA graph and "
+                      "replayed: GPU time; stream-ordered communicators; nccl-tests' -G)")
     comm.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     add_run_options(comm)
     comm.set_defaults(func=run)

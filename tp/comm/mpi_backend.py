@@ -39,6 +39,11 @@ class MpiCommunicator(Communicator):
         super().__init__(self.p2p.rank, self.p2p.size)
         self.device_buffers = cuda_aware()
 
+    def close(self) -> None:
+        """As ``Communicator.close``, then free the private duplicate (collective)."""
+        super().close()
+        self.p2p.close()
+
     def _all_reduce(self, src, dst):
         send = MPI.IN_PLACE if src.data_ptr() == dst.data_ptr() else _typed(src)
         self.comm.Allreduce(send, _typed(dst), op=MPI.SUM)

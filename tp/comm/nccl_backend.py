@@ -15,6 +15,7 @@ import torch
 from backends.dtypes import DTYPES
 
 from .base import Communicator, raw_stream
+from .transport import destroy_nccl_comm
 
 NCCL_SUM = 0  # ncclRedOp_t's ncclSum in nccl.h (the ncclDataType_t values: backends.dtypes)
 # torch dtype -> ncclDataType_t, every dtype that has one.
@@ -73,6 +74,12 @@ class NcclCommunicator(Communicator):
         super().__init__(comm.Get_rank(), comm.Get_size())
         self.device = device
         self.comm = create_nccl_comm(comm, device)
+
+    def close(self) -> None:
+        """As ``Communicator.close``, then destroy the NCCL communicator
+        (``transport.destroy_nccl_comm``: collective; a second call does nothing)."""
+        super().close()
+        self.comm = destroy_nccl_comm(self.comm)
 
     def _all_reduce(self, src, dst):
         self.comm.allReduce(src.data_ptr(), dst.data_ptr(), src.numel(),

@@ -38,6 +38,11 @@ class RingCommunicator(Communicator):
         self.stream_ordered = transport.stream_ordered
         self.devices = transport.devices
 
+    def close(self) -> None:
+        """As ``Communicator.close``, then close the transport (collective)."""
+        super().close()
+        self.transport.close()
+
     def _all_reduce(self, src, dst):
         if dst.data_ptr() != src.data_ptr():
             dst.copy_(src)

@@ -11,8 +11,9 @@ from peers' buffers (pull model) and the ranks synchronise only with the heap's 
 - reduce_scatter: each rank copies its whole input into its own buffer; barrier; rank r sums
   block r of every peer's buffer into its output; barrier. On GPUs in fp32, fp16 and bf16,
   one kernel per piece, as the one-shot all_reduce below (``IpcHeap.one_shot_reduce_scatter``).
-- all_reduce, one-shot (up to ``ONE_SHOT_MAX_BYTES``): each rank copies its input into its
-  own buffer; barrier; each sums every peer's whole buffer; barrier. Two-shot (above): the
+- all_reduce, one-shot (at every size on 2 ranks, up to ``ONE_SHOT_MAX_BYTES`` on more:
+  ``crossover``): each rank copies its input into its own buffer; barrier; each sums every
+  peer's whole buffer; barrier. Two-shot (above): the
   same first step; barrier; rank r sums chunk r of every buffer (a reduce-scatter) and writes
   the sum into chunk r of its own buffer; barrier; each copies chunk q from rank q (an
   all-gather); barrier. Per rank, one-shot reads (P-1) x S bytes of peers' memory and
@@ -54,18 +55,27 @@ from .base import Communicator
 from .ring import chunk_bounds
 from .transport import P2P_TAG, MpiTransport
 
-# all_reduce is one-shot up to this many bytes and two-shot above. A default, to be set from
-# measurement (``gemmlab comm --comm symm/one-shot,symm/two-shot --op all_reduce`` over sizes,
-# on each machine); not yet measured on GPUs. For scale, vLLM's CustomAllreduce::allreduce
-# stays 1-stage below 512 KiB on up to 4 fully connected GPUs and below 256 KiB on up to 8
-# (always on 2).
+# all_reduce's crossover from one-shot to two-shot, by the number of ranks P (``crossover``).
+# At P = 2 both read the same bytes of peer memory, (P - 1) S = 2 (P - 1) / P S = S, and
+# two-shot adds a barrier and a copy, so one-shot is the faster at every size: on 2 H200s it took
+# 19-20 us against 117-132 up to 8 MiB and 372 against 690 at 64 MiB
+# (bench/results/comm-2xh200-symm-crossover/). Above two ranks two-shot reads less, and
+# ONE_SHOT_MAX_BYTES is a default, not measured (for scale, vLLM's CustomAllreduce::allreduce
+# stays 1-stage below 512 KiB on up to 4 fully connected GPUs and below 256 KiB on up to 8).
 ONE_SHOT_MAX_BYTES = 256 << 10
-# The communicator names of symm, each with its all_reduce crossover: ``symm`` switches at
-# ONE_SHOT_MAX_BYTES; the other two hold one algorithm at every size (-1: even an empty
-# tensor goes two-shot), so one ``gemmlab comm`` sweep of both measures where they cross.
-VARIANTS = {"symm": ONE_SHOT_MAX_BYTES, "symm/one-shot": 1 << 62, "symm/two-shot": -1}
+_ALWAYS = 1 << 62  # a crossover no message reaches
+# The communicator names of symm, each with its all_reduce crossover: ``symm`` takes
+# ``crossover(P)``; the other two hold one algorithm at every size (-1: even an empty tensor
+# goes two-shot), so one ``gemmlab comm`` sweep of both measures where they cross.
+VARIANTS = {"symm": None, "symm/one-shot": _ALWAYS, "symm/two-shot": -1}
 _WIDENED = (torch.float16, torch.bfloat16)  # summed in fp32, rounded once
 _MAX_ITEMSIZE = 16  # complex128: every piece holds at least one element per rank
+
+
+def crossover(ranks: int) -> int:
+    """Bytes up to which ``symm``'s all_reduce is one-shot on ``ranks`` ranks (above: two-shot):
+    every size at 2 ranks, ``ONE_SHOT_MAX_BYTES`` above."""
+    return _ALWAYS if ranks <= 2 else ONE_SHOT_MAX_BYTES
 
 
 def _pieces(n: int, step: int):
@@ -106,10 +116,10 @@ class SymmCommunicator(Communicator):
     integer dtype works (``reduce_dtypes`` None).
     """
 
-    def __init__(self, comm, heap, one_shot_max_bytes: int = ONE_SHOT_MAX_BYTES,
+    def __init__(self, comm, heap, one_shot_max_bytes: int | None = None,
                  name: str = "symm"):
         """Collective over ``comm`` (duplicated for send/recv); the heap is closed with the
-        communicator. ``one_shot_max_bytes``: all_reduce's crossover (``ONE_SHOT_MAX_BYTES``);
+        communicator. ``one_shot_max_bytes``: all_reduce's crossover (None: ``crossover(P)``);
         ``name``: what it is called (``VARIANTS`` names the fixed-algorithm ones).
 
         Raises:
@@ -125,16 +135,17 @@ class SymmCommunicator(Communicator):
         self.p2p = MpiTransport(comm)
         self.stream_ordered = heap.stream_ordered
         self.devices = heap.devices
-        self.one_shot_max_bytes = one_shot_max_bytes
+        self.one_shot_max_bytes = (crossover(heap.size) if one_shot_max_bytes is None
+                                   else one_shot_max_bytes)
         self.name = name
 
     def close(self) -> None:
         """As ``Communicator.close``, then free the heap and the send/recv communicator
         (collective: every rank must call it)."""
         super().close()
-        if self.p2p.comm:  # once: a freed communicator is MPI.COMM_NULL, which is false
+        if self.p2p.comm:  # once: MpiTransport.close empties it
             self.heap.close()
-            self.p2p.comm.Free()
+            self.p2p.close()
 
     def _view(self, r: int, dtype: torch.dtype, start: int, stop: int) -> torch.Tensor:
         """Elements [start, stop) of rank r's buffer as ``dtype``."""

@@ -36,7 +36,12 @@ from backends.cuda import KernelArgs
 
 from .base import raw_stream
 
-CAPACITY = 8 << 20  # bytes per rank: larger messages go in pieces, so this bounds memory only
+# Bytes per rank; larger messages go in pieces, each paying the algorithm's barriers again. On
+# GPUs 64 MiB: on 2 H200s it raised busbw at 64-256 MiB from 154-155 to 198-215 GB/s
+# (all_gather) and, with the reduction grid below, from 125-126 to 221-225 (reduce_scatter)
+# and 179-181 to 265-268 (one-shot all_reduce) against 8 MiB and 64 x 512 threads
+# (bench/results/symm-bandwidth-2xh200/).
+HOST_CAPACITY, GPU_CAPACITY = 8 << 20, 64 << 20
 _ALIGN = 64  # every view starts 64-byte aligned (a cache line; any dtype's alignment)
 
 
@@ -74,7 +79,7 @@ class SharedWindowHeap:
     devices = ("cpu",)
     stream_ordered = False
 
-    def __init__(self, comm, capacity: int = CAPACITY):
+    def __init__(self, comm, capacity: int = HOST_CAPACITY):
         """Collective over mpi4py ``comm``; ``capacity``: bytes per rank (>= 64).
 
         Raises:
@@ -171,8 +176,11 @@ extern "C" __global__ void signal_and_wait(const unsigned long long* headers, in
 
 
 # The one-shot reduction kernels (``symm_reduce.cu``): their launch shape and the flag area
-# they keep in every rank's header (flags[block][rank], then two counters), in bytes.
-REDUCE_MAX_BLOCKS, REDUCE_MAX_RANKS, REDUCE_THREADS = 64, 8, 512
+# they keep in every rank's header (flags[block][rank], then two counters), in bytes. A
+# launch takes up to one block per SM (at most REDUCE_MAX_BLOCKS): reading peers' memory
+# over NVLink needs many loads in flight (the measurements at GPU_CAPACITY above: 132 x 1024
+# threads and 264 x 512 within 1.5% of each other, 64 x 512 17-28% slower).
+REDUCE_MAX_BLOCKS, REDUCE_MAX_RANKS, REDUCE_THREADS = 256, 8, 1024
 _REDUCE_DEFINES = (f"-DSYMM_MAX_RANKS={REDUCE_MAX_RANKS}", f"-DSYMM_THREADS={REDUCE_THREADS}")
 _REDUCE_FLAG_BYTES = 4 * REDUCE_MAX_BLOCKS * REDUCE_MAX_RANKS
 _REDUCE_AREA = -(-(_REDUCE_FLAG_BYTES + 8) // 256) * 256
@@ -204,7 +212,7 @@ class IpcHeap:
     devices = ("cuda",)
     stream_ordered = True
 
-    def __init__(self, comm, device: torch.device, capacity: int = CAPACITY):
+    def __init__(self, comm, device: torch.device, capacity: int = GPU_CAPACITY):
         """Collective over mpi4py ``comm``; ``device``: this rank's GPU; ``capacity``: bytes
         per rank.
 
@@ -256,6 +264,8 @@ class IpcHeap:
         self._reduce_args = KernelArgs([self._data.data.ptr, self._flags.data.ptr, counters,
                                         0, 0, 0, 0, 0, self.rank, self.size])
         self._reduce_module = None  # loaded at the first reduction (``_reduce_function``)
+        self._reduce_blocks = min(REDUCE_MAX_BLOCKS,
+                                  torch.cuda.get_device_properties(device).multi_processor_count)
         self._reduce_functions: dict[tuple[str, int], int] = {}
         self._barrier_args = KernelArgs([self._headers.data.ptr, self.rank, self.size])
         with cupy.cuda.Device(device.index):
@@ -359,7 +369,7 @@ class IpcHeap:
             function = self._reduce_functions.get((name, width))
             if function is None:
                 function = self._reduce_function(name, width)
-            blocks = max(1, min(REDUCE_MAX_BLOCKS, -(-count // width // REDUCE_THREADS)))
+            blocks = max(1, min(self._reduce_blocks, -(-count // width // REDUCE_THREADS)))
             slots[3], slots[4], slots[5], slots[6], slots[7] = s, n, d, count, chunks
             self._launch(function, blocks, REDUCE_THREADS, self._reduce_args)
         return True
@@ -407,10 +417,11 @@ class IpcHeap:
         self.comm.Free()
 
 
-def open_heap(comm, device: torch.device, capacity: int = CAPACITY):
-    """The heap for tensors on ``device``: ``IpcHeap`` for CUDA, ``SharedWindowHeap`` else.
+def open_heap(comm, device: torch.device, capacity: int | None = None):
+    """The heap for tensors on ``device``: ``IpcHeap`` for CUDA, ``SharedWindowHeap`` else,
+    of ``capacity`` bytes per rank (None: ``GPU_CAPACITY`` or ``HOST_CAPACITY``).
 
     Collective over mpi4py ``comm``. Raises as their constructors."""
     if device.type == "cuda":
-        return IpcHeap(comm, device, capacity)
-    return SharedWindowHeap(comm, capacity)
+        return IpcHeap(comm, device, GPU_CAPACITY if capacity is None else capacity)
+    return SharedWindowHeap(comm, HOST_CAPACITY if capacity is None else capacity)

@@ -30,6 +30,12 @@ class MpiTransport:
         self.comm = comm.Dup()
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
 
+    def close(self) -> None:
+        """Free the private duplicate (collective over its ranks; a second call does nothing:
+        a freed communicator is ``MPI.COMM_NULL``, which is false)."""
+        if self.comm:
+            self.comm.Free()
+
     def sendrecv(self, send: torch.Tensor, dst: int, recv: torch.Tensor, src: int) -> None:
         """Send ``send`` to ``dst`` while receiving ``recv`` from ``src`` (no deadlock)."""
         from mpi4py import MPI
@@ -67,6 +73,10 @@ class NcclTransport:
     def __init__(self, nccl_comm, rank: int, size: int):
         self.comm, self.rank, self.size = nccl_comm, rank, size
 
+    def close(self) -> None:
+        """Destroy the NCCL communicator (``destroy_nccl_comm``; collective, once)."""
+        self.comm = destroy_nccl_comm(self.comm)
+
     def sendrecv(self, send: torch.Tensor, dst: int, recv: torch.Tensor, src: int) -> None:
         """One NCCL group, so the matching send and receive of neighbours cannot deadlock."""
         from cupy.cuda import nccl
@@ -88,6 +98,17 @@ class NcclTransport:
 
 
 _NCCL_UINT8 = DTYPES["uint8"].nccl  # transports move bytes
+
+
+def destroy_nccl_comm(nccl_comm):
+    """``ncclCommDestroy`` of a ``cupy.cuda.nccl.NcclCommunicator`` (None: nothing to do);
+    returns None, the closed state. Collective: every rank destroys its communicators in the
+    same order. Left to garbage collection, the destroy runs whenever each process happens to
+    free the object, and it finalizes the communicator, waiting for the other ranks: vLLM
+    met that deadlock (vllm-project/vllm#4508), and on 2 H200s one rank of ``gemmlab comm``
+    waited in it while the other stood at its exit, until the exit guard aborted the job."""
+    if nccl_comm is not None:
+        nccl_comm.destroy()
 
 
 def _bytes(t: torch.Tensor):
