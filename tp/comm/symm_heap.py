@@ -273,6 +273,10 @@ class IpcHeap:
             # The end of the previous operation (see ``begin``); raw handles, because torch's
             # stream and event objects cost microseconds of host time per call.
             self._last = runtime.eventCreateWithFlags(runtime.eventDisableTiming)
+            # The all-gather's own block goes on a stream of its own (``copy_engine_all_gather``).
+            self._own_stream = runtime.streamCreateWithFlags(runtime.streamNonBlocking)
+            self._fork, self._join = (runtime.eventCreateWithFlags(runtime.eventDisableTiming)
+                                      for _ in range(2))
         self._last_captured = False  # whether it was recorded in a CUDA graph capture
         self.comm.Barrier()  # nobody signals before every rank has opened every buffer
 
@@ -331,23 +335,30 @@ class IpcHeap:
         ``cudaMemcpyAsync`` on the current stream, so the copy engines move the data and no
         SM is taken: per piece of at most ``capacity`` bytes, ``src`` is copied into this
         rank's buffer, barrier, every peer's buffer is pulled into its block of ``dst``,
-        barrier. Returns True (the caller's algorithm is not needed). Collective, in the
-        same order on every rank."""
+        barrier. This rank's own block of ``dst`` is copied from ``src`` meanwhile, on a
+        stream of the heap's that forks from the current one and joins it at the end (another
+        copy engine; the join is captured with the rest in a CUDA graph). Returns True (the
+        caller's algorithm is not needed). Collective, in the same order on every rank."""
         device = self.device.index
         if torch._C._cuda_getDevice() != device:
             with torch.cuda.device(device):
                 return self.copy_engine_all_gather(src, dst)
         nbytes, src_ptr, dst_ptr = src.numel() * src.element_size(), src.data_ptr(), dst.data_ptr()
-        copy, stream = self._runtime.memcpyAsync, raw_stream(device)
-        default = self._runtime.memcpyDefault  # the direction from the addresses (UVA)
+        runtime, stream = self._runtime, raw_stream(device)
+        copy, default = runtime.memcpyAsync, runtime.memcpyDefault  # direction from the UVA
+        runtime.eventRecord(self._fork, stream)
+        runtime.streamWaitEvent(self._own_stream, self._fork, 0)
+        copy(dst_ptr + self.rank * nbytes, src_ptr, nbytes, default, self._own_stream)
+        runtime.eventRecord(self._join, self._own_stream)
         for a in range(0, nbytes, self.capacity):
             piece = min(self.capacity, nbytes - a)
             copy(self._buffers[self.rank], src_ptr + a, piece, default, stream)
             self.barrier()
             for q, buffer in enumerate(self._buffers):
-                copy(dst_ptr + q * nbytes + a, src_ptr + a if q == self.rank else buffer, piece,
-                     default, stream)
+                if q != self.rank:
+                    copy(dst_ptr + q * nbytes + a, buffer, piece, default, stream)
             self.barrier()
+        runtime.streamWaitEvent(stream, self._join, 0)
         return True
 
     def _reduce(self, src: torch.Tensor, dst: torch.Tensor, chunks: int) -> bool:
@@ -408,7 +419,9 @@ class IpcHeap:
         self.comm.Barrier()  # every rank has finished reading every buffer
         self._peers = []
         with cupy.cuda.Device(self.device.index):
-            runtime.eventDestroy(self._last)
+            for event in (self._last, self._fork, self._join):
+                runtime.eventDestroy(event)
+            runtime.streamDestroy(self._own_stream)
             for ptr in self._opened:
                 runtime.ipcCloseMemHandle(ptr)
             self.comm.Barrier()  # every mapping of this rank's buffer is closed
