@@ -175,6 +175,12 @@ extern "C" __global__ void signal_and_wait(const unsigned long long* headers, in
 """
 
 
+# The all-gather copies its own block on a side stream from this many bytes per rank on: on 2
+# H200s that raised busbw at 64 MiB-1 GiB from 180-201 to 200-217 GB/s (call time), and at 1-16
+# MiB the three more host calls cost more than the copy saved (65 against 41-57 us per call;
+# bench/results/comm-2xh200-all-gather/).
+SIDE_COPY_MIN_BYTES = 32 << 20
+
 # The one-shot reduction kernels (``symm_reduce.cu``): their launch shape and the flag area
 # they keep in every rank's header (flags[block][rank], then two counters), in bytes. A
 # launch takes up to one block per SM (at most REDUCE_MAX_BLOCKS): reading peers' memory
@@ -335,9 +341,10 @@ class IpcHeap:
         ``cudaMemcpyAsync`` on the current stream, so the copy engines move the data and no
         SM is taken: per piece of at most ``capacity`` bytes, ``src`` is copied into this
         rank's buffer, barrier, every peer's buffer is pulled into its block of ``dst``,
-        barrier. This rank's own block of ``dst`` is copied from ``src`` meanwhile, on a
-        stream of the heap's that forks from the current one and joins it at the end (another
-        copy engine; the join is captured with the rest in a CUDA graph). Returns True (the
+        barrier. From ``SIDE_COPY_MIN_BYTES`` of ``src`` on, this rank's own block of ``dst``
+        is copied from ``src`` meanwhile, on a stream of the heap's that forks from the
+        current one and joins it at the end (another copy engine; the join is captured with
+        the rest in a CUDA graph); below, in turn with the pulls. Returns True (the
         caller's algorithm is not needed). Collective, in the same order on every rank."""
         device = self.device.index
         if torch._C._cuda_getDevice() != device:
@@ -346,19 +353,23 @@ class IpcHeap:
         nbytes, src_ptr, dst_ptr = src.numel() * src.element_size(), src.data_ptr(), dst.data_ptr()
         runtime, stream = self._runtime, raw_stream(device)
         copy, default = runtime.memcpyAsync, runtime.memcpyDefault  # direction from the UVA
-        runtime.eventRecord(self._fork, stream)
-        runtime.streamWaitEvent(self._own_stream, self._fork, 0)
-        copy(dst_ptr + self.rank * nbytes, src_ptr, nbytes, default, self._own_stream)
-        runtime.eventRecord(self._join, self._own_stream)
+        aside = nbytes >= SIDE_COPY_MIN_BYTES
+        if aside:
+            runtime.eventRecord(self._fork, stream)
+            runtime.streamWaitEvent(self._own_stream, self._fork, 0)
+            copy(dst_ptr + self.rank * nbytes, src_ptr, nbytes, default, self._own_stream)
+            runtime.eventRecord(self._join, self._own_stream)
         for a in range(0, nbytes, self.capacity):
             piece = min(self.capacity, nbytes - a)
             copy(self._buffers[self.rank], src_ptr + a, piece, default, stream)
             self.barrier()
             for q, buffer in enumerate(self._buffers):
-                if q != self.rank:
-                    copy(dst_ptr + q * nbytes + a, buffer, piece, default, stream)
+                if q != self.rank or not aside:
+                    copy(dst_ptr + q * nbytes + a, src_ptr + a if q == self.rank else buffer,
+                         piece, default, stream)
             self.barrier()
-        runtime.streamWaitEvent(stream, self._join, 0)
+        if aside:
+            runtime.streamWaitEvent(stream, self._join, 0)
         return True
 
     def _reduce(self, src: torch.Tensor, dst: torch.Tensor, chunks: int) -> bool:
