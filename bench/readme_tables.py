@@ -7,8 +7,8 @@ A generated region in a markdown file looks like::
     ...generated markdown, replaced by this script...
     <!-- /gemmlab:table -->
 
-The opening marker names a table kind (``ladder``, ``launch``, ``overhead``,
-``overhead-runs``, ``resources``, ``study``, ``stages`` or ``targets``) and a results
+The opening marker names a table kind (``comm``, ``ladder``, ``launch``, ``overhead``,
+``overhead-runs``, ``resources``, ``study``, ``stages``, ``targets`` or ``tp``) and a results
 directory, relative to the repository root (or absolute); the table is rendered from
 ``<dir>/results.json`` (``overhead-runs``: from each ``<dir>/*/results.json``, one column per
 run; ``targets``: several directories, comma-separated, one row each) and replaces the text
@@ -33,6 +33,7 @@ from pathlib import Path
 
 from backends.registry import CUDA_KERNELS
 
+from .comm_bench import series
 from .gemm_bench import FORMULAS, LAUNCH_BOUND
 from .overhead_bench import TARGET_ADDED_US, added_text
 
@@ -367,6 +368,69 @@ def study_table(directory: str) -> str:
             + _provenance(directory, data.get("meta", {})))
 
 
+# gemmlab comm's columns: latency up to 1 MiB (time per call), bandwidth from 16 MiB (busbw).
+COMM_LATENCY = (8 << 10, 64 << 10, 256 << 10, 1 << 20)
+COMM_BANDWIDTH = (16 << 20, 64 << 20, 256 << 20, 1 << 30)
+
+
+def _size(nbytes: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if nbytes >= 1 << shift and nbytes % (1 << shift) == 0:
+            return f"{nbytes >> shift} {unit}"
+    return f"{nbytes} B"
+
+
+def comm_table(directory: str) -> str:
+    """``gemmlab comm``'s sweep, one table per collective: for each communicator (and
+    timing: eager is the call time, host included; graph the GPU's, by CUDA-graph replays)
+    the time per call in µs at the small sizes and busbw in GB/s at the large ones; FAIL:
+    a wrong element, never timed."""
+    data = _load(directory)
+    rows, parts = data["rows"], []
+    for op in dict.fromkeys(r["op"] for r in rows):
+        sub = {(series(r), r["bytes"]): r for r in rows if r["op"] == op}
+        sizes = [s for s in (*COMM_LATENCY, *COMM_BANDWIDTH) if any(b == s for _, b in sub)]
+        body = []
+        for name in dict.fromkeys(n for n, _ in sub):
+            cells = []
+            for size in sizes:
+                r = sub.get((name, size))
+                value = None if r is None else r["time_us"] if size in COMM_LATENCY else r["busbw"]
+                cells.append("-" if r is None else "FAIL" if not r["ok"] else f"{value:.1f}")
+            body.append([f"`{name}`", *cells])
+        first = next(r for r in rows if r["op"] == op)
+        header = ["communicator", *(f"{_size(s)} {'µs' if s in COMM_LATENCY else 'GB/s'}"
+                                    for s in sizes)]
+        title = (f"**{op}**, {first['ranks']} ranks, {first['dtype']}: µs per call up to 1 MiB, "
+                 f"busbw (GB/s) from 16 MiB")
+        parts.append(title + "\n\n" + _table(header, "l" + "r" * len(sizes), body))
+    return "\n\n".join(parts) + "\n\n" + _provenance(directory, data.get("meta", {}))
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def tp_table(directory: str) -> str:
+    """``gemmlab tp``'s blocks (forward + backward, eager or one CUDA graph) and its overlap
+    rows (compute alone, communication alone, serial, overlapped, in ms, and the share of
+    the communication hidden); FAIL: checked wrong, never timed."""
+    data = _load(directory)
+    blocks, overlaps = [], []
+    for r in data["rows"]:
+        if "overlapped_ms" in r:
+            timed = ([_ms(r[k]) for k in ("compute_ms", "comm_ms", "serial_ms", "overlapped_ms")]
+                     + [f"{r['comm_hidden']:.0%}"] if r["ok"] else ["FAIL", "-", "-", "-", "-"])
+            overlaps.append([f"`{r['layer']}`", r["phase"], str(r["chunks"]), *timed])
+        elif r["phase"] == "forward+backward":
+            blocks.append([f"`{r['layer']}`", str(r["tp"]), "CUDA graph" if r["cuda_graph"]
+                           else "eager", _ms(r["ms"]) if r["ok"] else "FAIL"])
+    return (_table(["block, forward + backward", "TP", "timing", "ms"], "lllr", blocks)
+            + "\n\n" + _table(["overlap", "phase", "chunks", "compute", "comm alone", "serial",
+                                "overlapped", "hidden"], "lllrrrrr", overlaps)
+            + "\n\n" + _provenance(directory, data.get("meta", {})))
+
+
 def stages_table(directory: str) -> str:
     """``bench.train_stages``' runtime table: one GPT trained in several stages, against the
     serial CPU run."""
@@ -381,9 +445,9 @@ def stages_table(directory: str) -> str:
 
 
 KINDS: dict[str, Callable[[str], str]] = {
-    "ladder": ladder_table, "launch": launch_table, "overhead": overhead_table,
+    "comm": comm_table, "ladder": ladder_table, "launch": launch_table, "overhead": overhead_table,
     "overhead-runs": overhead_runs_table, "resources": resources_table, "study": study_table,
-    "stages": stages_table, "targets": targets_table}
+    "stages": stages_table, "targets": targets_table, "tp": tp_table}
 
 
 def render(kind: str, directory: str) -> str:

@@ -40,8 +40,8 @@ def add_layer_options(parser: argparse.ArgumentParser, timed: str | None = None)
     ``--chunks``, ``--sm-margin``, ``--iters`` and ``--warmup-iters``."""
     parser.add_argument("--backend", default="cublas", help="GEMM backend of the TP layers "
                         "(gemmlab info lists them)")
-    parser.add_argument("--comm", help="communicator: mpi, ring or nccl (default nccl on "
-                        "GPUs, mpi on CPUs)")
+    parser.add_argument("--comm", help="communicator: mpi, ring, nccl or symm (and "
+                        "symm's fixed-algorithm variants; default nccl on GPUs, mpi on CPUs)")
     parser.add_argument("--device", choices=("cpu", "cuda"),
                         help="default cuda when a GPU is visible")
     if timed is None:

@@ -363,3 +363,47 @@ def test_the_readme_links_every_notebook_and_every_link_resolves():
         assert doc.relative_to(rt.REPO).as_posix() in links
     missing = [link for link in links if not (rt.REPO / link).exists()]
     assert missing == []
+
+
+def comm_row(backend, nbytes, timing="eager", op="all_reduce", ok=True, time_us=10.0,
+             busbw=100.0):
+    return {"backend": backend, "call_check": None, "op": op, "dtype": "bf16", "ranks": 2,
+            "timing": timing, "bytes": nbytes, "ok": ok, "time_us": time_us if ok else None,
+            "busbw": busbw if ok else None}
+
+
+def test_comm_table_gives_time_for_small_sizes_and_busbw_for_large_ones(tmp_path):
+    directory = write(tmp_path, "comm", [
+        comm_row("nccl", 8 << 10, time_us=12.26), comm_row("nccl", 1 << 30, busbw=301.54),
+        comm_row("symm", 8 << 10, "graph", time_us=8.31), comm_row("symm", 1 << 30, "graph",
+                                                                    ok=False),
+        comm_row("symm", 3000, busbw=1.0),  # a size outside the columns
+        comm_row("nccl", 16 << 20, op="all_gather", busbw=150.0)])
+    text = rt.render("comm", directory)
+    assert ("**all_reduce**, 2 ranks, bf16: µs per call up to 1 MiB, busbw (GB/s) from 16 MiB"
+            in text)
+    assert "| communicator | 8 KiB µs | 1 GiB GB/s |" in text
+    assert "| `nccl` | 12.3 | 301.5 |" in text
+    assert "| `symm (graph)` | 8.3 | FAIL |" in text
+    assert "| communicator | 16 MiB GB/s |\n| --- | ---: |\n| `nccl` | 150.0 |" in text
+    assert text.endswith("command: `gemmlab bench --out x`.")
+
+
+def test_tp_table_lists_the_blocks_then_the_overlap_rows(tmp_path):
+    directory = write(tmp_path, "tp", [
+        {"layer": "column", "phase": "forward", "tp": 2, "cuda_graph": False, "ok": True,
+         "ms": 6.0},  # a single layer's row: not a block
+        {"layer": "mlp", "phase": "forward+backward", "tp": 2, "cuda_graph": True, "ok": True,
+         "ms": 41.234},
+        {"layer": "sp mlp", "phase": "forward+backward", "tp": 2, "cuda_graph": False,
+         "ok": False, "ms": None},
+        {"layer": "sp row", "phase": "forward", "chunks": 4, "ok": True, "compute_ms": 5.0,
+         "comm_ms": 1.0, "serial_ms": 6.0, "overlapped_ms": 5.25, "comm_hidden": 0.75},
+        {"layer": "sp column", "phase": "forward", "chunks": 4, "ok": False,
+         "compute_ms": None, "comm_ms": None, "serial_ms": None, "overlapped_ms": None,
+         "comm_hidden": None}])
+    text = rt.render("tp", directory)
+    assert "| `mlp` | 2 | CUDA graph | 41.23 |\n| `sp mlp` | 2 | eager | FAIL |" in text
+    assert "`column`" not in text
+    assert "| `sp row` | forward | 4 | 5.00 | 1.00 | 6.00 | 5.25 | 75% |" in text
+    assert "| `sp column` | forward | 4 | FAIL | - | - | - | - |" in text

@@ -58,8 +58,8 @@ from .transport import P2P_TAG, MpiTransport
 # all_reduce's crossover from one-shot to two-shot, by the number of ranks P (``crossover``).
 # At P = 2 both read the same bytes of peer memory, (P - 1) S = 2 (P - 1) / P S = S, and
 # two-shot adds a barrier and a copy, so one-shot is the faster at every size: on 2 H200s it took
-# 19-20 us against 117-132 up to 8 MiB and 372 against 690 at 64 MiB
-# (bench/results/comm-2xh200-symm-crossover/). Above two ranks two-shot reads less, and
+# 0.10-0.63x two-shot's time eagerly and 0.25-0.66x as CUDA graphs at each size from 8 B to 256
+# MiB (bench/results/comm-2xh200-symm-crossover/). Above two ranks two-shot reads less, and
 # ONE_SHOT_MAX_BYTES is a default, not measured (for scale, vLLM's CustomAllreduce::allreduce
 # stays 1-stage below 512 KiB on up to 4 fully connected GPUs and below 256 KiB on up to 8).
 ONE_SHOT_MAX_BYTES = 256 << 10

@@ -178,14 +178,14 @@ extern "C" __global__ void signal_and_wait(const unsigned long long* headers, in
 # The all-gather copies its own block on a side stream from this many bytes per rank on: on 2
 # H200s that raised busbw at 64 MiB-1 GiB from 180-201 to 200-217 GB/s (call time), and at 1-16
 # MiB the three more host calls cost more than the copy saved (65 against 41-57 us per call;
-# bench/results/comm-2xh200-all-gather/).
+# bench/results/comm-2xh200-all/ against comm-2xh200-all-gather-side/).
 SIDE_COPY_MIN_BYTES = 32 << 20
 
 # The one-shot reduction kernels (``symm_reduce.cu``): their launch shape and the flag area
 # they keep in every rank's header (flags[block][rank], then two counters), in bytes. A
 # launch takes up to one block per SM (at most REDUCE_MAX_BLOCKS): reading peers' memory
 # over NVLink needs many loads in flight (the measurements at GPU_CAPACITY above: 132 x 1024
-# threads and 264 x 512 within 1.5% of each other, 64 x 512 17-28% slower).
+# threads and 264 x 512 within 2.2% of each other, 64 x 512 20-27% slower).
 REDUCE_MAX_BLOCKS, REDUCE_MAX_RANKS, REDUCE_THREADS = 256, 8, 1024
 _REDUCE_DEFINES = (f"-DSYMM_MAX_RANKS={REDUCE_MAX_RANKS}", f"-DSYMM_THREADS={REDUCE_THREADS}")
 _REDUCE_FLAG_BYTES = 4 * REDUCE_MAX_BLOCKS * REDUCE_MAX_RANKS
