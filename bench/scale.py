@@ -180,11 +180,14 @@ def build(prob: Problem, comm, *, backend: str, overlap: bool, chunks: int, sm_m
 @contextlib.contextmanager
 def recording(comm, calls: list):
     """Inside, every collective called on ``comm`` is also appended to ``calls`` as
-    (operation, shape, dtype, positional args, keyword args); instance attributes shadow the
-    methods for the duration, so the timed steps run the communicator untouched."""
+    (operation, shape, dtype, positional args, keyword args), each tensor among the arguments
+    kept as a meta tensor of its shape and dtype (``_shape_of``); instance attributes shadow
+    the methods for the duration, so the timed steps run the communicator untouched."""
     def recorder(op, method):
         def call(tensor, *args, **kwargs):
-            calls.append((op, tuple(tensor.shape), tensor.dtype, args, kwargs))
+            calls.append((op, tuple(tensor.shape), tensor.dtype,
+                          tuple(_shape_of(a) for a in args),
+                          {k: _shape_of(v) for k, v in kwargs.items()}))
             return method(tensor, *args, **kwargs)
         return call
 
@@ -197,19 +200,31 @@ def recording(comm, calls: list):
             delattr(comm, op)
 
 
+def _shape_of(value):
+    """A tensor as a meta tensor of its shape and dtype, anything else as it is. Keeping the
+    tensor itself would keep what it views: an ``out=`` chunk of a sequence-parallel layer's
+    output kept that output, its autograd graph and every parameter's AccumulateGrad node
+    alive, bound to the stream of the step that made them, and the step's CUDA-graph capture
+    on its own stream then failed (on 2 H200s)."""
+    return torch.empty_like(value, device="meta") if isinstance(value, torch.Tensor) else value
+
+
 def replay(comm, calls: list, device: torch.device):
     """A function issuing ``calls`` (from ``recording``) again, in order, on random buffers
-    of the same shapes (outputs given as ``out=`` get buffers of their own), then waiting for
-    the asynchronous ones. In-place sums grow P-fold per call and may reach inf: collectives
-    do not branch on values, so the time does not change."""
+    of the same shapes (tensors given as arguments, ``out=`` included, get buffers of their
+    own), then waiting for the asynchronous ones. In-place sums grow P-fold per call and may
+    reach inf: collectives do not branch on values, so the time does not change."""
     from tp.comm import Work
 
     def fresh(shape, dtype):
         return torch.randn(shape, device=device).to(dtype)
 
-    jobs = [(getattr(comm, op), fresh(shape, dtype), args,
-             {k: torch.empty_like(v) if isinstance(v, torch.Tensor) else v
-              for k, v in kwargs.items()})
+    def buffer(value):  # a recorded meta tensor becomes a buffer of its own on the device
+        return (torch.empty_like(value, device=device) if isinstance(value, torch.Tensor)
+                else value)
+
+    jobs = [(getattr(comm, op), fresh(shape, dtype), tuple(buffer(a) for a in args),
+             {k: buffer(v) for k, v in kwargs.items()})
             for op, shape, dtype, args, kwargs in calls]
 
     def run():

@@ -247,3 +247,33 @@ def test_parameter_gradient_errors_are_relative_with_a_floor_for_zero_gradients(
     assert errors[0] == pytest.approx(0.1)
     assert errors[1] == pytest.approx(1e-9 / math.sqrt(0.5))
     assert _parameter_errors([weight * float("nan"), zero], [weight, zero])[0] == math.inf
+
+
+def test_recording_keeps_no_tensor_it_was_given_and_replay_gets_its_own():
+    """A recorded ``out=`` chunk of a sequence-parallel layer's output kept that output, its
+    autograd graph and every parameter's AccumulateGrad node alive; on 2 GPUs the step's
+    CUDA-graph capture then failed. The recording keeps shapes and dtypes only."""
+    import weakref
+
+    import torch
+    from mpi4py import MPI
+
+    import tp.comm
+    from bench.scale import recording, replay
+
+    comm = tp.comm.create("mpi", MPI.COMM_SELF, "cpu")
+    weight = torch.ones(6, requires_grad=True)
+    output = weight * 2  # an autograd graph hangs on it
+    alive = weakref.ref(output)
+    calls = []
+    with recording(comm, calls):
+        with torch.no_grad():  # as inside a TP layer's autograd Function
+            comm.all_reduce(torch.full((4,), 3.0), out=output[1:5])
+    assert torch.equal(output.detach(), torch.tensor([2.0, 3, 3, 3, 3, 2]))
+    del output
+    assert alive() is None, "the recording kept the output (and its graph) alive"
+    (op, shape, dtype, args, kwargs), = calls
+    assert (op, shape, dtype, args) == ("all_reduce", (4,), torch.float32, ())
+    assert kwargs["out"].device.type == "meta" and kwargs["out"].shape == (4,)
+    replay(comm, calls, torch.device("cpu"))()  # buffers of its own, on the device
+    comm.close()
