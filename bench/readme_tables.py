@@ -396,7 +396,8 @@ def comm_table(directory: str) -> str:
             for size in sizes:
                 r = sub.get((name, size))
                 value = None if r is None else r["time_us"] if size in COMM_LATENCY else r["busbw"]
-                cells.append("-" if r is None else "FAIL" if not r["ok"] else f"{value:.1f}")
+                ok = r is not None and r.get("ok", not r["wrong"])  # early files: no "ok"
+                cells.append("-" if r is None else f"{value:.1f}" if ok else "FAIL")
             body.append([f"`{name}`", *cells])
         first = next(r for r in rows if r["op"] == op)
         header = ["communicator", *(f"{_size(s)} {'µs' if s in COMM_LATENCY else 'GB/s'}"

@@ -407,3 +407,11 @@ def test_tp_table_lists_the_blocks_then_the_overlap_rows(tmp_path):
     assert "`column`" not in text
     assert "| `sp row` | forward | 4 | 5.00 | 1.00 | 6.00 | 5.25 | 75% |" in text
     assert "| `sp column` | forward | 4 | FAIL | - | - | - | - |" in text
+
+
+def test_comm_table_reads_early_files_without_ok(tmp_path):
+    early = [{k: v for k, v in comm_row("nccl", 8 << 10, time_us=9.0).items() if k != "ok"}
+             | {"wrong": 0},
+             {k: v for k, v in comm_row("mpi", 8 << 10).items() if k != "ok"} | {"wrong": 3}]
+    text = rt.render("comm", write(tmp_path, "early", early))
+    assert "| `nccl` | 9.0 |" in text and "| `mpi` | FAIL |" in text

@@ -106,7 +106,9 @@ def destroy_nccl_comm(nccl_comm):
     same order. Left to garbage collection, the destroy runs whenever each process happens to
     free the object, and it finalizes the communicator, waiting for the other ranks: vLLM
     met that deadlock (vllm-project/vllm#4508), and on 2 H200s one rank of ``gemmlab comm``
-    waited in it while the other stood at its exit, until the exit guard aborted the job."""
+    waited in it while the other stood at its exit, until the exit guard aborted the job.
+    NCCL's destroy also waits until every CUDA graph that captured the communicator's calls
+    is destroyed: destroy those graphs first."""
     if nccl_comm is not None:
         nccl_comm.destroy()
 
