@@ -396,7 +396,7 @@ def comm_table(directory: str) -> str:
             for size in sizes:
                 r = sub.get((name, size))
                 value = None if r is None else r["time_us"] if size in COMM_LATENCY else r["busbw"]
-                ok = r is not None and r.get("ok", not r["wrong"])  # early files: no "ok"
+                ok = r is not None and (r["ok"] if "ok" in r else not r["wrong"])  # early: no ok
                 cells.append("-" if r is None else f"{value:.1f}" if ok else "FAIL")
             body.append([f"`{name}`", *cells])
         first = next(r for r in rows if r["op"] == op)
