@@ -22,6 +22,10 @@ Schema Reference"):
 - per rank and device: comm = union of the communication kernels' intervals, compute = union
   of the compute kernels', overlapped = |comm ∩ compute|, overlap_share = overlapped / |comm|,
   exposed_comm = |comm| - overlapped (the communication time nothing else hid).
+- copy engines, from ``CUPTI_ACTIVITY_KIND_MEMCPY`` (``start``, ``end``, ``deviceId``,
+  ``bytes``): per rank and device the copies, their bytes, copy = union of their intervals,
+  and how much of it ran beside compute kernels (``copy_under_compute``, ``copy_share``):
+  what a copy-engine collective such as symm's all-gather hides.
 """
 
 from __future__ import annotations
@@ -203,23 +207,44 @@ def read_kernels(sqlite_path: str | Path) -> list[dict]:
                 for row in db.execute(query)]
 
 
-def overlap_by_device(kernels: list[dict], comm_regex: str = COMM_REGEX) -> list[dict]:
-    """One row per device of ``kernels`` (as ``read_kernels``): kernel counts, and the
-    ``Overlap`` in ms: ``comm_ms``, ``compute_ms``, ``overlapped_ms``, ``exposed_comm_ms``,
-    ``overlap_share`` (None without communication)."""
+def read_copies(sqlite_path: str | Path) -> list[dict]:
+    """Every memory copy of an nsys SQLite export: ``start``, ``end`` (ns), ``device`` and
+    ``bytes``; empty when the report traced none (no ``CUPTI_ACTIVITY_KIND_MEMCPY`` table)."""
+    with sqlite3.connect(f"file:{sqlite_path}?mode=ro", uri=True) as db:
+        has = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = "
+                         "'CUPTI_ACTIVITY_KIND_MEMCPY'").fetchone()
+        if not has:
+            return []
+        query = ("SELECT start, end, deviceId, bytes FROM CUPTI_ACTIVITY_KIND_MEMCPY "
+                 "ORDER BY start")
+        return [dict(zip(("start", "end", "device", "bytes"), row)) for row in db.execute(query)]
+
+
+def overlap_by_device(kernels: list[dict], comm_regex: str = COMM_REGEX,
+                      copies: list[dict] = ()) -> list[dict]:
+    """One row per device of ``kernels`` and ``copies`` (as ``read_kernels`` and
+    ``read_copies``): kernel counts, the ``Overlap`` in ms (``comm_ms``, ``compute_ms``,
+    ``overlapped_ms``, ``exposed_comm_ms``, ``overlap_share``: None without communication),
+    and the copy engines': ``copies``, ``copy_gb``, ``copy_ms``, ``copy_under_compute_ms``,
+    ``copy_share`` (None without copies)."""
     pattern = re.compile(comm_regex)
     rows = []
-    for device in sorted({k["device"] for k in kernels}):
+    for device in sorted({k["device"] for k in kernels} | {c["device"] for c in copies}):
         mine = [k for k in kernels if k["device"] == device]
         comm = [k for k in mine if pattern.search(k["demangled"])]
-        compute = [k for k in mine if not pattern.search(k["demangled"])]
-        result = overlap([(k["start"], k["end"]) for k in comm],
-                         [(k["start"], k["end"]) for k in compute])
+        compute = [(k["start"], k["end"]) for k in mine if not pattern.search(k["demangled"])]
+        result = overlap([(k["start"], k["end"]) for k in comm], compute)
+        moved = [c for c in copies if c["device"] == device]
+        beside = overlap([(c["start"], c["end"]) for c in moved], compute)
         rows.append({"device": device, "comm_kernels": len(comm),
                      "compute_kernels": len(compute),
                      **{key.replace("_ns", "_ms"): value / 1e6
                         for key, value in asdict(result).items() if key.endswith("_ns")},
-                     "overlap_share": result.share})
+                     "overlap_share": result.share, "copies": len(moved),
+                     "copy_gb": sum(c["bytes"] for c in moved) / 1e9,
+                     "copy_ms": beside.comm_ns / 1e6,
+                     "copy_under_compute_ms": beside.overlapped_ns / 1e6,
+                     "copy_share": beside.share})
     return rows
 
 
@@ -249,7 +274,8 @@ def analyse(report: Path, comm_regex: str = COMM_REGEX, nsys: str = "nsys") -> d
         stats[name] = parse_stats_csv(path.read_text()) if path.exists() else []
     rank = rank_of(report)
     rows = [{"rank": rank, "report": report.name, **row}
-            for row in overlap_by_device(read_kernels(sqlite_path), comm_regex)]
+            for row in overlap_by_device(read_kernels(sqlite_path), comm_regex,
+                                         read_copies(sqlite_path))]
     return {"report": report.name, "rank": rank, "stats": stats, "overlap": rows}
 
 

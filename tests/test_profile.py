@@ -291,6 +291,10 @@ RANK0 = [(1000, 1100, 0, 7, GEMM), (1150, 1300, 0, 7, TRITON),
 RANK1 = [(2000, 2500, 0, 7, GEMM), (2400, 2600, 0, 9, TRITON)]
 
 
+NO_COPIES = {"copies": 0, "copy_gb": 0, "copy_ms": 0, "copy_under_compute_ms": 0,
+             "copy_share": None}
+
+
 def test_overlap_from_the_sqlite_export(tmp_path):
     kernels = nsys.read_kernels(kernel_db(tmp_path / "tp.rank0.sqlite", RANK0))
     assert len(kernels) == 7
@@ -300,17 +304,19 @@ def test_overlap_from_the_sqlite_export(tmp_path):
     gpu0, gpu1 = nsys.overlap_by_device(kernels)
     assert gpu0 == {"device": 0, "comm_kernels": 4, "compute_kernels": 2,
                     "comm_ms": 160e-6, "compute_ms": 250e-6, "overlapped_ms": 110e-6,
-                    "exposed_comm_ms": 50e-6, "overlap_share": pytest.approx(110 / 160)}
+                    "exposed_comm_ms": 50e-6, "overlap_share": pytest.approx(110 / 160),
+                    **NO_COPIES}
     assert gpu1 == {"device": 1, "comm_kernels": 1, "compute_kernels": 0, "comm_ms": 400e-6,
                     "compute_ms": 0, "overlapped_ms": 0, "exposed_comm_ms": 400e-6,
-                    "overlap_share": 0}
+                    "overlap_share": 0, **NO_COPIES}
 
 
 def test_a_rank_without_communication(tmp_path):
     kernels = nsys.read_kernels(kernel_db(tmp_path / "tp.rank1.sqlite", RANK1))
     assert nsys.overlap_by_device(kernels) == [
         {"device": 0, "comm_kernels": 0, "compute_kernels": 2, "comm_ms": 0,
-         "compute_ms": 600e-6, "overlapped_ms": 0, "exposed_comm_ms": 0, "overlap_share": None}]
+         "compute_ms": 600e-6, "overlapped_ms": 0, "exposed_comm_ms": 0, "overlap_share": None,
+         **NO_COPIES}]
 
 
 def test_comm_regex_decides_what_is_communication(tmp_path):
@@ -324,6 +330,29 @@ def test_a_report_without_kernels(tmp_path):
     sqlite3.connect(path).close()
     assert nsys.read_kernels(path) == []
     assert nsys.overlap_by_device([]) == []
+    assert nsys.read_copies(path) == []
+
+
+def test_copy_engine_time_beside_compute(tmp_path):
+    """Copies (a symm all-gather's): their union, and how much of it ran beside compute
+    kernels. The memcpy table holds the columns read, as nsys's SQLite export names them."""
+    path = kernel_db(tmp_path / "sp.rank0.sqlite", RANK1)  # compute 2000-2600 on GPU 0
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE CUPTI_ACTIVITY_KIND_MEMCPY (start INTEGER NOT NULL, end INTEGER "
+               "NOT NULL, deviceId INTEGER NOT NULL, streamId INTEGER NOT NULL, bytes INTEGER "
+               "NOT NULL, copyKind INTEGER NOT NULL)")
+    db.executemany("INSERT INTO CUPTI_ACTIVITY_KIND_MEMCPY VALUES (?, ?, ?, 30, ?, 10)",
+                   [(1900, 2100, 0, 1 << 20), (2050, 2150, 0, 1 << 20),  # 2000-2150 beside
+                    (2700, 2800, 0, 4096), (3000, 3100, 1, 8192)])
+    db.commit()
+    db.close()
+    copies = nsys.read_copies(path)
+    assert copies[0] == {"start": 1900, "end": 2100, "device": 0, "bytes": 1 << 20}
+    gpu0, gpu1 = nsys.overlap_by_device(nsys.read_kernels(path), copies=copies)
+    assert (gpu0["copies"], gpu0["copy_gb"]) == (3, ((2 << 20) + 4096) / 1e9)
+    assert (gpu0["copy_ms"], gpu0["copy_under_compute_ms"]) == (350e-6, 150e-6)
+    assert gpu0["copy_share"] == pytest.approx(150 / 350)
+    assert (gpu1["compute_kernels"], gpu1["copies"], gpu1["copy_share"]) == (0, 1, 0)
 
 
 # ---- sessions end to end with stand-in tools -----------------------------------------------

@@ -127,15 +127,19 @@ def run_nsys(args: argparse.Namespace, console: Console) -> int:
                            "-" if proj is None else f"{proj['Total Proj Time (ns)'] / 1e6:.3f}")
         console.print(ranges)
     rows = [row for result in reports for row in result["overlap"]]
-    lapped = Table(title=f"communication ({args.comm_regex}) against compute kernels, per rank")
+    lapped = Table(title=f"communication ({args.comm_regex}) and copy engines against compute "
+                   f"kernels, per rank")
     for col in ("rank", "GPU", "comm kernels", "compute kernels", "comm ms", "compute ms",
-                "overlapped ms", "exposed comm ms", "comm overlapped"):
+                "overlapped ms", "exposed comm ms", "comm overlapped", "copies", "copy GB",
+                "copy ms", "copy beside compute"):
         lapped.add_column(col, justify="right")
     for r in rows:
         lapped.add_row("-" if r["rank"] is None else str(r["rank"]), str(r["device"]),
                        str(r["comm_kernels"]), str(r["compute_kernels"]), f"{r['comm_ms']:.3f}",
                        f"{r['compute_ms']:.3f}", f"{r['overlapped_ms']:.3f}",
-                       f"{r['exposed_comm_ms']:.3f}", _fmt(r["overlap_share"], ".0%"))
+                       f"{r['exposed_comm_ms']:.3f}", _fmt(r["overlap_share"], ".0%"),
+                       str(r["copies"]), f"{r['copy_gb']:.3f}", f"{r['copy_ms']:.3f}",
+                       _fmt(r["copy_share"], ".0%"))
     console.print(lapped)
     stats = {result["report"]: result["stats"] for result in reports}
     for path in write_results(args.out, collect_meta(), rows, nsys.plot, stats=stats,
