@@ -350,21 +350,22 @@ def resources_table(directory: str) -> str:
 
 
 def study_table(directory: str) -> str:
-    """``gemmlab study``'s points: per workload, mode, backend, communicator and P the
-    measured step, TFLOP/s per GPU, comm share and scaling efficiency (FAIL: checked wrong,
-    never timed)."""
+    """``gemmlab study``'s points, and a ``bench.scale_series`` run's: per workload, mode,
+    backend, communicator and P the measured step, the communication alone, TFLOP/s per GPU,
+    comm share, speedup and scaling efficiency (FAIL: checked wrong, never timed)."""
     data = _load(directory)
     body = []
     for r in data["rows"]:
         point = [r["workload"], r["mode"], f"`{r['backend']}`", r["comm"], str(r["P"])]
         if not r.get("ok"):
-            body.append([*point, "FAIL", "-", "-", "-"])
+            body.append([*point, "FAIL", "-", "-", "-", "-", "-"])
             continue
         body.append([*point, f"{r['tflops_per_gpu']:.1f}", f"{r['step_ms']:.2f}",
-                     f"{r['comm_share']:.0%}", f"{r['efficiency']:.2f}"])
+                     f"{r['comm_ms']:.2f}", f"{r['comm_share']:.0%}", f"{r['speedup']:.2f}",
+                     f"{r['efficiency']:.2f}"])
     header = ["workload", "mode", "backend", "comm", "P", "TFLOP/s per GPU", "step ms",
-              "comm share", "efficiency"]
-    return (_table(header, "lllllrrrr", body) + "\n\n"
+              "comm ms (alone)", "comm share", "speedup", "efficiency"]
+    return (_table(header, "lllllrrrrrr", body) + "\n\n"
             + _provenance(directory, data.get("meta", {})))
 
 

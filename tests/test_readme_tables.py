@@ -241,16 +241,16 @@ def test_targets_table_takes_the_best_rung_the_least_shape_and_counts_the_runs(t
 
 def test_study_table_marks_fail_points(tmp_path):
     point = {"workload": "mlp", "mode": "strong", "backend": "cublas", "comm": "nccl", "P": 2,
-             "ok": True, "tflops_per_gpu": 512.34, "step_ms": 1.2345, "comm_share": 0.314,
-             "efficiency": 0.876}
+             "ok": True, "tflops_per_gpu": 512.34, "step_ms": 1.2345, "comm_ms": 0.3877,
+             "comm_share": 0.314, "speedup": 1.752, "efficiency": 0.876}
     d = write(tmp_path, "study", [point, {**point, "backend": "cuda_mma", "ok": False,
                                           "tflops_per_gpu": None, "step_ms": None}])
     assert rt.render("study", d).split("\n")[:4] == [
-        "| workload | mode | backend | comm | P | TFLOP/s per GPU | step ms | comm share "
-        "| efficiency |",
-        "| --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: |",
-        "| mlp | strong | `cublas` | nccl | 2 | 512.3 | 1.23 | 31% | 0.88 |",
-        "| mlp | strong | `cuda_mma` | nccl | 2 | FAIL | - | - | - |",
+        "| workload | mode | backend | comm | P | TFLOP/s per GPU | step ms | comm ms (alone) "
+        "| comm share | speedup | efficiency |",
+        "| --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| mlp | strong | `cublas` | nccl | 2 | 512.3 | 1.23 | 0.39 | 31% | 1.75 | 0.88 |",
+        "| mlp | strong | `cuda_mma` | nccl | 2 | FAIL | - | - | - | - | - |",
     ]
 
 
