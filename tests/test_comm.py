@@ -207,6 +207,42 @@ class _FakeNcclComm:
         self.destroyed += 1
 
 
+# Tests of communication between GPUs: run where two are visible (the GPU suite on a 2-GPU
+# machine), skipped elsewhere.
+needs_two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+
+
+@pytest.mark.gpu
+@needs_mpi
+@needs_two_gpus
+def test_every_collective_between_two_gpus():
+    """symm (IPC between devices, its kernels, the copy-engine all-gather, pieces above the
+    64 MiB heap), nccl and ring/nccl: every operation and dtype against numpy."""
+    result = mpirun(2, str(PROGRAMS / "collectives.py"), "--comm", "symm,nccl,ring",
+                    "--device", "cuda", timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for line in ("OK symm on 2 ranks (cuda)", "OK symm above its 67108864-byte capacity on 2 "
+                 "ranks (cuda)", "OK nccl on 2 ranks (cuda)", "OK ring/nccl on 2 ranks (cuda)"):
+        assert line in result.stdout
+
+
+@pytest.mark.gpu
+@needs_mpi
+@needs_two_gpus
+def test_gemmlab_comm_between_two_gpus_ends_normally(tmp_path):
+    """Every GPU communicator, eager and as CUDA-graph replays, each row checked; the ranks
+    end together (an NCCL communicator left to garbage collection held one back)."""
+    result = mpirun(2, "-m", "bench.cli", "comm", "--device", "cuda", "--dtype", "bf16",
+                    "--comm", "nccl_direct,nccl,ring,symm", "--op",
+                    "all_reduce,all_gather,reduce_scatter", "-b", "8K", "-e", "2M", "-f", "16",
+                    "-n", "4", "-w", "1", "--timing", "eager,graph", "--out", str(tmp_path),
+                    timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert len(rows) == 4 * 3 * 2 * 3
+    assert all(r["ok"] and r["wrong"] == 0 and r["time_us"] > 0 for r in rows)
+
+
 def test_nccl_communicators_destroy_their_nccl_comm_once_on_close():
     """ncclCommDestroy is collective: left to garbage collection it runs whenever each
     process frees the object, and one rank waited there while the other had reached its exit
