@@ -190,34 +190,33 @@ def overlap(comm: list[tuple[int, int]], compute: list[tuple[int, int]]) -> Over
                    hidden / comm_ns if comm_ns else None)
 
 
+def _read(sqlite_path: str | Path, table: str, query: str, fields: tuple[str, ...]) -> list[dict]:
+    """``query``'s rows as dicts of ``fields``; empty when the export has no ``table`` (nsys
+    creates a table only for what the report traced)."""
+    with sqlite3.connect(f"file:{sqlite_path}?mode=ro", uri=True) as db:
+        has = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
+                         (table,)).fetchone()
+        return [dict(zip(fields, row)) for row in db.execute(query)] if has else []
+
+
 def read_kernels(sqlite_path: str | Path) -> list[dict]:
     """Every kernel of an nsys SQLite export: ``start``, ``end`` (ns), ``device``, ``stream``,
     ``name`` (short) and ``demangled``; empty when the report traced no kernel (no
     ``CUPTI_ACTIVITY_KIND_KERNEL`` table)."""
-    with sqlite3.connect(f"file:{sqlite_path}?mode=ro", uri=True) as db:
-        has = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = "
-                         "'CUPTI_ACTIVITY_KIND_KERNEL'").fetchone()
-        if not has:
-            return []
-        query = ("SELECT k.start, k.end, k.deviceId, k.streamId, s.value, d.value "
+    return _read(sqlite_path, "CUPTI_ACTIVITY_KIND_KERNEL",
+                 "SELECT k.start, k.end, k.deviceId, k.streamId, s.value, d.value "
                  "FROM CUPTI_ACTIVITY_KIND_KERNEL AS k "
                  "JOIN StringIds AS s ON s.id = k.shortName "
-                 "JOIN StringIds AS d ON d.id = k.demangledName ORDER BY k.start")
-        return [dict(zip(("start", "end", "device", "stream", "name", "demangled"), row))
-                for row in db.execute(query)]
+                 "JOIN StringIds AS d ON d.id = k.demangledName ORDER BY k.start",
+                 ("start", "end", "device", "stream", "name", "demangled"))
 
 
 def read_copies(sqlite_path: str | Path) -> list[dict]:
     """Every memory copy of an nsys SQLite export: ``start``, ``end`` (ns), ``device`` and
     ``bytes``; empty when the report traced none (no ``CUPTI_ACTIVITY_KIND_MEMCPY`` table)."""
-    with sqlite3.connect(f"file:{sqlite_path}?mode=ro", uri=True) as db:
-        has = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = "
-                         "'CUPTI_ACTIVITY_KIND_MEMCPY'").fetchone()
-        if not has:
-            return []
-        query = ("SELECT start, end, deviceId, bytes FROM CUPTI_ACTIVITY_KIND_MEMCPY "
-                 "ORDER BY start")
-        return [dict(zip(("start", "end", "device", "bytes"), row)) for row in db.execute(query)]
+    return _read(sqlite_path, "CUPTI_ACTIVITY_KIND_MEMCPY",
+                 "SELECT start, end, deviceId, bytes FROM CUPTI_ACTIVITY_KIND_MEMCPY "
+                 "ORDER BY start", ("start", "end", "device", "bytes"))
 
 
 def overlap_by_device(kernels: list[dict], comm_regex: str = COMM_REGEX,
