@@ -13,11 +13,12 @@ from peers' buffers (pull model) and the ranks synchronise only with the heap's 
   one kernel per piece, as the one-shot all_reduce below (``IpcHeap.one_shot_reduce_scatter``).
 - all_reduce, one-shot (at every size on 2 ranks, up to ``ONE_SHOT_MAX_BYTES`` on more:
   ``crossover``): each rank copies its input into its own buffer; barrier; each sums every
-  peer's whole buffer; barrier. Two-shot (above): the
-  same first step; barrier; rank r sums chunk r of every buffer (a reduce-scatter) and writes
-  the sum into chunk r of its own buffer; barrier; each copies chunk q from rank q (an
-  all-gather); barrier. Per rank, one-shot reads (P-1) x S bytes of peers' memory and
-  two-shot 2(P-1)/P x S, but one-shot has one barrier less, so it wins on small messages.
+  peer's whole buffer; barrier. Two-shot (above): the same first step; barrier; rank r sums
+  chunk r of every buffer (a reduce-scatter) and writes the sum into chunk r of its own
+  buffer; barrier; each copies chunk q from rank q (an all-gather); barrier. Per rank,
+  one-shot reads (P-1) x S bytes of peers' memory and two-shot 2(P-1)/P x S, but one-shot has
+  one barrier less, so it wins on small messages, and at every size on 2 ranks, where the
+  bytes are the same.
   These are the one-shot and two-shot all-reduces of PyTorch's
   SymmetricMemory (``torch/csrc/distributed/c10d/symm_mem/CUDASymmetricMemoryOps.cu``) and
   vLLM's custom all-reduce (``csrc/custom_all_reduce.cuh``, its 1-stage and 2-stage kernels).
