@@ -8,11 +8,12 @@ A generated region in a markdown file looks like::
     <!-- /gemmlab:table -->
 
 The opening marker names a table kind (``comm``, ``ladder``, ``launch``, ``overhead``,
-``overhead-runs``, ``resources``, ``study``, ``stages``, ``targets`` or ``tp``) and a results
-directory, relative to the repository root (or absolute); the table is rendered from
-``<dir>/results.json`` (``overhead-runs``: from each ``<dir>/*/results.json``, one column per
-run; ``targets``: several directories, comma-separated, one row each) and replaces the text
-between the markers, which stay.
+``overhead-runs``, ``resources``, ``study``, ``stages``, ``targets``, ``targets-rounds`` or
+``tp``) and a results directory, relative to the repository root (or absolute); the table is
+rendered from ``<dir>/results.json`` (``overhead-runs``: from each ``<dir>/*/results.json``,
+one column per run; ``targets``: several directories, comma-separated, one row each;
+``targets-rounds``: several, their rounds pooled) and replaces the text between the markers,
+which stay.
 
     python3 -m bench.readme_tables [--check] [FILE ...]
 
@@ -329,6 +330,67 @@ def targets_table(directories: str) -> str:
             + "\n".join(sources))
 
 
+def _round_ratios(rows: list[dict], shapes: tuple, dtype: str, epilogue: str,
+                  rung: str) -> list[float] | None:
+    """Per round of one run, ``rung``'s ratio to that round's faster cuBLAS (the least over
+    ``shapes``); None where a row, or its per-round medians, is missing or failed."""
+    by = {(r["backend"], (r["M"], r["N"], r["K"])): r for r in rows
+          if r["dtype"] == dtype and r["epilogue"] == epilogue}
+    per_shape = []
+    for shape in shapes:
+        mine = by.get((rung, shape))
+        cublas = [by.get((name, shape)) for name in ("cublas", "cublaslt")]
+        cublas = [r for r in cublas if r is not None and r["ok"] and r.get("kernel_ms_rounds")]
+        if mine is None or not mine["ok"] or not mine.get("kernel_ms_rounds") or not cublas:
+            return None
+        rounds = mine["kernel_ms_rounds"]
+        per_shape.append([min(r["kernel_ms_rounds"][i] for r in cublas) / rounds[i]
+                          for i in range(len(rounds))])
+    return [min(column) for column in zip(*per_shape)]
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def targets_rounds_table(directories: str) -> str:
+    """The top-rung targets pooled over the rounds of several ladder runs (``directories``:
+    their folders, comma-separated; runs without per-round medians are left out): per target
+    and dtype, the hand-written rung with the highest median of the per-round ratios (its
+    kernel time against the faster cuBLAS of the same round, the least over the target's
+    shapes), how many rounds meet the target, and the lowest and highest median of one run.
+    Rounds of one run share the GPU's state, so they are not independent samples: the run
+    medians show how far a whole run moves."""
+    runs = [_load(folder)["rows"] for folder in directories.split(",")]
+    body = []
+    for label, shapes, epilogue, least in TOP_RUNG_TARGETS:
+        for dtype in ("fp16", "bf16"):
+            rungs = {r["backend"] for rows in runs for r in rows if r["backend"] in CUDA_KERNELS}
+            best = None
+            for rung in sorted(rungs):
+                per_run = [x for rows in runs
+                           if (x := _round_ratios(rows, shapes, dtype, epilogue, rung))]
+                pooled = [v for x in per_run for v in x]
+                if pooled and (best is None or _median(pooled) > best[1]):
+                    best = rung, _median(pooled), pooled, [_median(x) for x in per_run]
+            if best is None:
+                continue
+            rung, median, pooled, run_medians = best
+            met = sum(v >= least for v in pooled)
+            body.append([label, f"≥ {least:.2f}x", dtype, f"`{rung}`",
+                         f"{len(run_medians)} ({len(pooled)})", f"{median:.3f}x",
+                         f"{met} of {len(pooled)}",
+                         f"{min(run_medians):.3f}–{max(run_medians):.3f}x",
+                         f"{sum(m >= least for m in run_medians)} of {len(run_medians)}"])
+    if not body:
+        raise TableError(f"no per-round medians of the targets' rows in {directories}")
+    header = ["target", "", "dtype", "rung", "runs (rounds)", "median round", "rounds met",
+              "run medians", "runs met"]
+    return _table(header, "lllrrrrrr", body)
+
+
 def resources_table(directory: str) -> str:
     """Registers, shared and local memory, threads and occupancy of each CUDA C kernel and
     dtype (its configuration with the best TFLOP/s in the run), from ``--resources``."""
@@ -449,7 +511,8 @@ def stages_table(directory: str) -> str:
 KINDS: dict[str, Callable[[str], str]] = {
     "comm": comm_table, "ladder": ladder_table, "launch": launch_table, "overhead": overhead_table,
     "overhead-runs": overhead_runs_table, "resources": resources_table, "study": study_table,
-    "stages": stages_table, "targets": targets_table, "tp": tp_table}
+    "stages": stages_table, "targets": targets_table, "targets-rounds": targets_rounds_table,
+    "tp": tp_table}
 
 
 def render(kind: str, directory: str) -> str:

@@ -239,6 +239,44 @@ def test_targets_table_takes_the_best_rung_the_least_shape_and_counts_the_runs(t
     assert lines[7].startswith(f"Source: `{two}/results.json`, declared commit `abcdef1`")
 
 
+def test_targets_rounds_table_pools_the_rounds_of_the_runs(tmp_path):
+    """Per target and dtype: the rung whose per-round ratios (to the faster cuBLAS of the same
+    round, the least over the target's shapes) have the highest median, pooled over the
+    runs; a failed row, and a run without per-round medians, are left out."""
+    big = (8192, 8192, 8192)
+    short = ((16384, 4096, 512), (4096, 4096, 256))
+
+    def row(backend, rounds, shape=big, dtype="fp16", epilogue="relu_c", ok=True):
+        return ladder_row(backend, dtype=dtype, epilogue=epilogue, shape=shape, ok=ok,
+                          kernel_ms_rounds=rounds)
+
+    first = [row("cublas", [1.0, 1.0, 1.0]), row("cublaslt", [2.0, 0.9, 1.0]),
+             row("cuda_wgmma_persistent", [0.8, 1.0, 1.0]),  # 1.25, 0.9, 1.0
+             row("cuda_wgmma_cluster", [2.0, 2.0, 2.0]),
+             row("cuda_wgmma_pingpong", [0.1, 0.1, 0.1], ok=False),
+             *(row("cublas", [1.0, 1.0], shape=s) for s in short),
+             row("cuda_wgmma_cluster", [0.5, 1.0], shape=short[0]),  # 2.0, 1.0
+             row("cuda_wgmma_cluster", [1.0, 2.0], shape=short[1])]  # 1.0, 0.5
+    second = [row("cublas", [1.0, 1.0]), row("cuda_wgmma_persistent", [0.98, 1.1]),
+              row("cuda_wgmma_cluster", [0.5, 0.5])]  # 1.0204..., 0.909...
+    third = [ladder_row("cuda_wgmma_persistent", shape=big)]  # no per-round medians
+    dirs = ",".join(write(tmp_path, name, rows) for name, rows in
+                    (("one", first), ("two", second), ("three", third)))
+    lines = rt.render("targets-rounds", dirs).split("\n")
+    assert lines[0] == ("| target |  | dtype | rung | runs (rounds) | median round | rounds met "
+                        "| run medians | runs met |")
+    # The cluster rung wins 8192³ in run two (2.0 per round) but not in run one: pooled, step
+    # 10's 1.25, 0.9, 1.0, 1.0204, 0.9091 (median 1.0) beat its 0.5, 0.45, 0.5, 2.0, 2.0.
+    assert lines[2] == ("| 8192³ ReLU(A @ B + C) | ≥ 1.00x | fp16 | `cuda_wgmma_persistent` | "
+                        "2 (5) | 1.000x | 3 of 5 | 0.965–1.000x | 1 of 2 |")
+    # Short K: per round the lesser of the two shapes' ratios (1.0 then 1.0; 2.0 then 0.5).
+    assert lines[3] == ("| short K, ReLU(A @ B + C) | ≥ 1.00x | fp16 | `cuda_wgmma_cluster` | "
+                        "1 (2) | 0.750x | 1 of 2 | 0.750–0.750x | 0 of 1 |")
+    assert len(lines) == 4
+    with pytest.raises(rt.TableError, match="no per-round medians"):
+        rt.render("targets-rounds", write(tmp_path, "none", third))
+
+
 def test_study_table_marks_fail_points(tmp_path):
     point = {"workload": "mlp", "mode": "strong", "backend": "cublas", "comm": "nccl", "P": 2,
              "ok": True, "tflops_per_gpu": 512.34, "step_ms": 1.2345, "comm_ms": 0.3877,
