@@ -31,6 +31,7 @@ import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from statistics import median
 
 from backends.registry import CUDA_KERNELS
 
@@ -349,12 +350,6 @@ def _round_ratios(rows: list[dict], shapes: tuple, dtype: str, epilogue: str,
     return [min(column) for column in zip(*per_shape)]
 
 
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
-
-
 def targets_rounds_table(directories: str) -> str:
     """The top-rung targets pooled over the rounds of several ladder runs (``directories``:
     their folders, comma-separated; runs without per-round medians are left out): per target
@@ -364,23 +359,23 @@ def targets_rounds_table(directories: str) -> str:
     Rounds of one run share the GPU's state, so they are not independent samples: the run
     medians show how far a whole run moves."""
     runs = [_load(folder)["rows"] for folder in directories.split(",")]
+    rungs = sorted({r["backend"] for rows in runs for r in rows if r["backend"] in CUDA_KERNELS})
     body = []
     for label, shapes, epilogue, least in TOP_RUNG_TARGETS:
         for dtype in ("fp16", "bf16"):
-            rungs = {r["backend"] for rows in runs for r in rows if r["backend"] in CUDA_KERNELS}
             best = None
-            for rung in sorted(rungs):
+            for rung in rungs:
                 per_run = [x for rows in runs
                            if (x := _round_ratios(rows, shapes, dtype, epilogue, rung))]
                 pooled = [v for x in per_run for v in x]
-                if pooled and (best is None or _median(pooled) > best[1]):
-                    best = rung, _median(pooled), pooled, [_median(x) for x in per_run]
+                if pooled and (best is None or median(pooled) > best[1]):
+                    best = rung, median(pooled), pooled, [median(x) for x in per_run]
             if best is None:
                 continue
-            rung, median, pooled, run_medians = best
+            rung, middle, pooled, run_medians = best
             met = sum(v >= least for v in pooled)
             body.append([label, f"≥ {least:.2f}x", dtype, f"`{rung}`",
-                         f"{len(run_medians)} ({len(pooled)})", f"{median:.3f}x",
+                         f"{len(run_medians)} ({len(pooled)})", f"{middle:.3f}x",
                          f"{met} of {len(pooled)}",
                          f"{min(run_medians):.3f}–{max(run_medians):.3f}x",
                          f"{sum(m >= least for m in run_medians)} of {len(run_medians)}"])
