@@ -7,13 +7,13 @@ A generated region in a markdown file looks like::
     ...generated markdown, replaced by this script...
     <!-- /gemmlab:table -->
 
-The opening marker names a table kind (``comm``, ``ladder``, ``launch``, ``overhead``,
-``overhead-runs``, ``resources``, ``study``, ``stages``, ``targets``, ``targets-rounds`` or
-``tp``) and a results directory, relative to the repository root (or absolute); the table is
-rendered from ``<dir>/results.json`` (``overhead-runs``: from each ``<dir>/*/results.json``,
-one column per run; ``targets``: several directories, comma-separated, one row each;
-``targets-rounds``: several, their rounds pooled) and replaces the text between the markers,
-which stay.
+The opening marker names a table kind (``comm``, ``ladder``, ``launch``, ``ncu``,
+``overhead``, ``overhead-runs``, ``resources``, ``study``, ``stages``, ``targets``,
+``targets-rounds`` or ``tp``) and a results directory, relative to the repository root (or
+absolute); the table is rendered from ``<dir>/results.json`` (``overhead-runs``: from each
+``<dir>/*/results.json``, one column per run; ``ncu`` and ``targets``: several directories,
+comma-separated, their rows in that order; ``targets-rounds``: several, their rounds pooled)
+and replaces the text between the markers, which stay.
 
     python3 -m bench.readme_tables [--check] [FILE ...]
 
@@ -386,6 +386,30 @@ def targets_rounds_table(directories: str) -> str:
     return _table(header, "lllrrrrrr", body)
 
 
+def ncu_table(directories: str) -> str:
+    """Nsight Compute's reading of several ``gemmlab profile ncu`` runs (``directories``:
+    their folders, comma-separated, each named ``<rung>-<dtype>``), one row per profiled
+    kernel in the order given: duration, SM and DRAM throughput (% of peak), achieved
+    occupancy, registers per thread, shared memory per block (static + dynamic), DRAM bytes
+    read and TFLOP/s from the counted FLOP (``profiling/ncu.py``); then each run's source."""
+    body, sources = [], []
+    for folder in directories.split(","):
+        data = _load(folder)
+        rung, _, dtype = folder.rstrip("/").rsplit("/", 1)[-1].rpartition("-")
+        for r in data["rows"]:
+            smem = int(r["smem_static_bytes"] + r["smem_dynamic_bytes"])
+            # A C++ kernel's demangled name without its template arguments and parameters.
+            kernel = re.split(r"[<(]", r["kernel"].removeprefix("void "), maxsplit=1)[0]
+            body.append([f"`{rung}` {dtype}", f"`{kernel}`", f"{r['duration_us']:.1f}",
+                         f"{r['sm_pct']:.1f}", f"{r['dram_pct']:.1f}",
+                         f"{r['achieved_occupancy_pct']:.1f}", f"{r['registers']:.0f}",
+                         str(smem), f"{r['dram_read_bytes'] / 1e6:.0f}", f"{r['tflops']:.1f}"])
+        sources.append(_provenance(folder, data.get("meta", {})))
+    header = ["rung, dtype", "kernel", "µs", "SM %", "DRAM %", "achieved occupancy %", "regs",
+              "smem B", "DRAM read MB", "TFLOP/s"]
+    return _table(header, "ll" + "r" * 8, body) + "\n\n" + "\n".join(sources)
+
+
 def resources_table(directory: str) -> str:
     """Registers, shared and local memory, threads and occupancy of each CUDA C kernel and
     dtype (its configuration with the best TFLOP/s in the run), from ``--resources``."""
@@ -504,8 +528,9 @@ def stages_table(directory: str) -> str:
 
 
 KINDS: dict[str, Callable[[str], str]] = {
-    "comm": comm_table, "ladder": ladder_table, "launch": launch_table, "overhead": overhead_table,
-    "overhead-runs": overhead_runs_table, "resources": resources_table, "study": study_table,
+    "comm": comm_table, "ladder": ladder_table, "launch": launch_table, "ncu": ncu_table,
+    "overhead": overhead_table, "overhead-runs": overhead_runs_table,
+    "resources": resources_table, "study": study_table,
     "stages": stages_table, "targets": targets_table, "targets-rounds": targets_rounds_table,
     "tp": tp_table}
 

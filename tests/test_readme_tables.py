@@ -277,6 +277,38 @@ def test_targets_rounds_table_pools_the_rounds_of_the_runs(tmp_path):
         rt.render("targets-rounds", write(tmp_path, "none", third))
 
 
+def test_ncu_table_has_a_row_per_kernel_in_the_order_given(tmp_path):
+    """Rung and dtype from the folder's name, every profiled kernel of a run (a C++ kernel
+    named without its template arguments), shared memory static + dynamic, then the runs'
+    sources in the same order."""
+    def kernel(name, us, tflops):
+        return {"kernel": name, "duration_us": us, "sm_pct": 88.75, "dram_pct": 23.64,
+                "achieved_occupancy_pct": 14.62, "registers": 168.0, "smem_static_bytes": 4.0,
+                "smem_dynamic_bytes": 213184.0, "dram_read_bytes": 180_400_000.0,
+                "tflops": tflops}
+
+    dirs = [tmp_path / "cuda_wgmma_persistent-bf16", tmp_path / "cublas-fp32"]
+    for directory, rows in zip(dirs, (
+            [kernel("gemm_wgmma_persistent", 191.25, 718.46)],
+            [kernel("sm80_xmma_gemm_f32f32", 2704.7, 50.8),
+             kernel("void at::vectorized_elementwise_kernel<4, at::(anonymous)::f(int)>(int)",
+                    32.4, 0.0)])):
+        directory.mkdir()
+        (directory / "results.json").write_text(json.dumps({"meta": META, "rows": rows}))
+    lines = rt.render("ncu", ",".join(map(str, dirs))).split("\n")
+    assert lines[0] == ("| rung, dtype | kernel | µs | SM % | DRAM % | achieved occupancy % | "
+                        "regs | smem B | DRAM read MB | TFLOP/s |")
+    assert lines[2:5] == [
+        "| `cuda_wgmma_persistent` bf16 | `gemm_wgmma_persistent` | 191.2 | 88.8 | 23.6 | 14.6 "
+        "| 168 | 213188 | 180 | 718.5 |",
+        "| `cublas` fp32 | `sm80_xmma_gemm_f32f32` | 2704.7 | 88.8 | 23.6 | 14.6 | 168 | 213188 "
+        "| 180 | 50.8 |",
+        "| `cublas` fp32 | `at::vectorized_elementwise_kernel` | 32.4 | 88.8 | 23.6 | 14.6 | 168 "
+        "| 213188 | 180 | 0.0 |"]
+    assert lines[6].startswith(f"Source: `{dirs[0]}/results.json`, commit `0123456`")
+    assert lines[7].startswith(f"Source: `{dirs[1]}/results.json`")
+
+
 def test_study_table_marks_fail_points(tmp_path):
     point = {"workload": "mlp", "mode": "strong", "backend": "cublas", "comm": "nccl", "P": 2,
              "ok": True, "tflops_per_gpu": 512.34, "step_ms": 1.2345, "comm_ms": 0.3877,
