@@ -9,11 +9,11 @@ A generated region in a markdown file looks like::
 
 The opening marker names a table kind (``comm``, ``ladder``, ``launch``, ``ncu``,
 ``overhead``, ``overhead-runs``, ``resources``, ``study``, ``stages``, ``targets``,
-``targets-rounds`` or ``tp``) and a results directory, relative to the repository root (or
-absolute); the table is rendered from ``<dir>/results.json`` (``overhead-runs``: from each
-``<dir>/*/results.json``, one column per run; ``ncu`` and ``targets``: several directories,
-comma-separated, their rows in that order; ``targets-rounds``: several, their rounds pooled)
-and replaces the text between the markers, which stay.
+``targets-rounds``, ``tp`` or ``train``) and a results directory, relative to the repository
+root (or absolute); the table is rendered from ``<dir>/results.json`` (``overhead-runs``: from
+each ``<dir>/*/results.json``, one column per run; ``ncu``, ``targets`` and ``train``: several
+directories, comma-separated, their rows in that order; ``targets-rounds``: several, their
+rounds pooled) and replaces the text between the markers, which stay.
 
     python3 -m bench.readme_tables [--check] [FILE ...]
 
@@ -527,12 +527,34 @@ def stages_table(directory: str) -> str:
             + _provenance(directory, data.get("meta", {})))
 
 
+def train_table(directories: str) -> str:
+    """``gemmlab train`` runs (``directories``: their folders, comma-separated, one row each):
+    DP x TP, dtype, GPUs, ms per step, final loss and, against the run's reference (one
+    process, same seed), the largest gap between the loss curves and the steps before it
+    first exceeds 1e-3; then each run's source."""
+    body, sources = [], []
+    for folder in directories.split(","):
+        data = _load(folder)
+        s, reference = data["summary"], data.get("reference") or {}
+        gap = steps = ""
+        if reference.get("loss"):
+            diffs = [abs(a - b) for a, b in zip(data["loss"], reference["loss"])]
+            gap = f"{max(diffs):.3f}"
+            steps = str(next((i for i, d in enumerate(diffs) if d > 1e-3), len(diffs)))
+        body.append([s["configuration"], s["dtype"], str(s["dp"] * s["tp"]),
+                     f"{s['ms_per_step']:.1f}", f"{s['final_loss']:.3f}", gap, steps])
+        sources.append(_provenance(folder, data.get("meta", {})))
+    header = ["run", "dtype", "GPUs", "ms/step", "final loss", "largest gap to one process",
+              "steps before the gap exceeds 1e-3"]
+    return _table(header, "ll" + "r" * 5, body) + "\n\n" + "\n".join(sources)
+
+
 KINDS: dict[str, Callable[[str], str]] = {
     "comm": comm_table, "ladder": ladder_table, "launch": launch_table, "ncu": ncu_table,
     "overhead": overhead_table, "overhead-runs": overhead_runs_table,
     "resources": resources_table, "study": study_table,
     "stages": stages_table, "targets": targets_table, "targets-rounds": targets_rounds_table,
-    "tp": tp_table}
+    "tp": tp_table, "train": train_table}
 
 
 def render(kind: str, directory: str) -> str:

@@ -22,9 +22,13 @@ def ladder_row(backend, dtype="fp16", epilogue="relu_c", shape=(1024, 1024, 1024
 
 
 def write(tmp_path, name, rows, meta=META):
+    return write_json(tmp_path, name, {"meta": meta, "rows": rows})
+
+
+def write_json(tmp_path, name, data):
     directory = tmp_path / name
     directory.mkdir()
-    (directory / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}))
+    (directory / "results.json").write_text(json.dumps(data))
     return str(directory)
 
 
@@ -307,6 +311,26 @@ def test_ncu_table_has_a_row_per_kernel_in_the_order_given(tmp_path):
         "| 213188 | 180 | 0.0 |"]
     assert lines[6].startswith(f"Source: `{dirs[0]}/results.json`, commit `0123456`")
     assert lines[7].startswith(f"Source: `{dirs[1]}/results.json`")
+
+
+def test_train_table_measures_the_gap_to_the_reference_from_the_loss_curves(tmp_path):
+    """GPUs = DP x TP; the gap and the steps before it first exceeds 1e-3 come from the two
+    loss lists (all of them when it never does); a run without a reference leaves both blank."""
+    def run(name, dp, tp, loss, reference=None):
+        summary = {"configuration": f"DP {dp} x TP {tp}", "dtype": "fp32", "dp": dp, "tp": tp,
+                   "ms_per_step": 26.574, "final_loss": loss[-1]}
+        data = {"meta": META, "rows": [], "loss": loss, "summary": summary,
+                "reference": reference and {"configuration": "DP 1 x TP 1", "loss": reference}}
+        return write_json(tmp_path, name, data)
+
+    one = [5.0, 4.0, 3.0, 2.7]
+    dirs = [run("single", 1, 1, one), run("grid", 2, 2, [5.0, 4.0005, 3.002, 2.69], one),
+            run("close", 1, 2, [5.0, 4.0, 3.0, 2.7008], one)]
+    lines = rt.render("train", ",".join(dirs)).split("\n")
+    assert lines[2:5] == ["| DP 1 x TP 1 | fp32 | 1 | 26.6 | 2.700 |  |  |",
+                          "| DP 2 x TP 2 | fp32 | 4 | 26.6 | 2.690 | 0.010 | 2 |",
+                          "| DP 1 x TP 2 | fp32 | 2 | 26.6 | 2.701 | 0.001 | 4 |"]
+    assert lines[6].startswith(f"Source: `{dirs[0]}/results.json`, commit `0123456`")
 
 
 def test_study_table_marks_fail_points(tmp_path):
