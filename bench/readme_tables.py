@@ -368,8 +368,9 @@ def targets_rounds_table(directories: str) -> str:
                 per_run = [x for rows in runs
                            if (x := _round_ratios(rows, shapes, dtype, epilogue, rung))]
                 pooled = [v for x in per_run for v in x]
-                if pooled and (best is None or median(pooled) > best[1]):
-                    best = rung, median(pooled), pooled, [median(x) for x in per_run]
+                middle = median(pooled) if pooled else None
+                if middle is not None and (best is None or middle > best[1]):
+                    best = rung, middle, pooled, [median(x) for x in per_run]
             if best is None:
                 continue
             rung, middle, pooled, run_medians = best
