@@ -43,7 +43,9 @@ class Backend:
             ``note``, the tuning note its ``config()`` reports.
         dtypes: operand dtypes it computes in (A, B, C and D share one).
         devices: torch device types whose tensors it takes (``"cuda"``, ``"cpu"``).
-        fused_epilogue: +C and ReLU happen inside the GEMM kernel, before its one store of D.
+        fused_epilogue: +C and ReLU happen inside the GEMM kernel, before its one store of D;
+            None where an autotuner's pick decides (``torch_compile``: fused in Inductor's
+            Triton templates, a separate kernel after cuBLAS; a profile shows which ran).
         tf32: honours ``allow_tf32=True`` (fp32 operands on the TF32 tensor cores).
         strided: reads any strides; otherwise ``gemm()`` hands it contiguous copies.
         differentiable: autograd can differentiate through it.
@@ -55,7 +57,8 @@ class Backend:
             and choose D's and C's maps per launch). Otherwise (``triton_fused``: Triton
             specializes a kernel on its pointers' 16-byte alignment) a binding is for the
             16-byte misalignment of each pointer of its first call.
-        max_numel: largest element count of any operand it can index, or None.
+        max_index: the largest element offset from an operand's start (D's included) and
+            the largest M, N or K it can index, or None for no limit.
         unavailable: returns why it cannot run on this machine, or None when it can.
         config: returns the configuration of its latest launch (compile-time sizes, the
             autotuner's pick, the library's plan) and, for a backend with ``pin``, which tuned
@@ -76,11 +79,11 @@ class Backend:
     bind: Callable[..., Launch]
     dtypes: tuple[torch.dtype, ...]
     devices: tuple[str, ...]
-    fused_epilogue: bool
+    fused_epilogue: bool | None
     tf32: bool
     strided: bool
     differentiable: bool
-    max_numel: int | None
+    max_index: int | None
     unavailable: Callable[[], str | None]
     config: Callable[[], str]
     pin: Callable[[dict], Any] | None = None
@@ -243,7 +246,7 @@ def _cuda_backend(name: str, summary: str, kernel: CudaKernel) -> Backend:
 
     return Backend(name, summary, bind, dtypes=kernel.dtypes, devices=("cuda",),
                    fused_epilogue=True, tf32=False, strided=False, differentiable=False,
-                   max_numel=None,
+                   max_index=None,
                    unavailable=sm90a_unavailable_reason if kernel.tma else cuda_unavailable_reason,
                    config=describe, pin=lambda params: _pin_cuda(kernel, params),
                    search_space=None if kernel.space is None else search_space,
@@ -300,7 +303,7 @@ def _triton_backend() -> Backend:
         bind, dtypes=triton_fused.DTYPES if present else (),
         devices=triton_fused.devices() if present else ("cuda",),
         fused_epilogue=True, tf32=True, strided=True, differentiable=False,
-        max_numel=triton_fused.MAX_NUMEL if present else None,
+        max_index=triton_fused.MAX_INDEX if present else None,
         unavailable=triton_fused.unavailable_reason if present else lambda: _TRITON_MISSING,
         config=describe if present else lambda: "", pin=pin if present else None,
         search_space=triton_fused.search_space if present else None)
@@ -314,23 +317,23 @@ LADDER: tuple[Backend, ...] = (
     Backend("cublas", "cuBLAS via torch.mm/addmm (+C as beta=1), then an in-place ReLU",
             torch_backends.bind_cublas, torch_backends.DTYPES, ("cuda", "cpu"),
             fused_epilogue=False, tf32=True, strided=True, differentiable=True,
-            max_numel=None, unavailable=_runs_everywhere, config=lambda: "cuBLAS heuristics",
+            max_index=None, unavailable=_runs_everywhere, config=lambda: "cuBLAS heuristics",
             any_address=True),
     Backend("cublaslt", "cuBLASLt with its fused epilogue (C as beta=1, or bias; ReLU) via "
             "nvmath-python", cublaslt.bind, cublaslt.DTYPES, ("cuda",),
             fused_epilogue=True, tf32=True, strided=True, differentiable=False,
-            max_numel=None, unavailable=cublaslt.unavailable_reason, config=cublaslt.describe,
+            max_index=None, unavailable=cublaslt.unavailable_reason, config=cublaslt.describe,
             any_address=True),
     Backend("torch_compile", "torch.compile(mode='max-autotune-no-cudagraphs') of "
             "relu(a @ b + c): Inductor's fused Triton templates or cuBLAS",
             torch_compile.bind, torch_compile.DTYPES, ("cuda", "cpu"),
-            fused_epilogue=True, tf32=True, strided=True, differentiable=False,
-            max_numel=None, unavailable=_runs_everywhere, config=torch_compile.describe,
+            fused_epilogue=None, tf32=True, strided=True, differentiable=False,
+            max_index=None, unavailable=_runs_everywhere, config=torch_compile.describe,
             any_address=True),
     Backend("torch_unfused", "torch.relu(a @ b + c) as a user writes it: three kernels",
             torch_backends.bind_unfused, torch_backends.DTYPES, ("cuda", "cpu"),
             fused_epilogue=False, tf32=True, strided=True, differentiable=True,
-            max_numel=None, unavailable=_runs_everywhere, config=lambda: "cuBLAS + 2 elementwise",
+            max_index=None, unavailable=_runs_everywhere, config=lambda: "cuBLAS + 2 elementwise",
             any_address=True),
     *(_cuda_backend(*rung) for rung in _CUDA_RUNGS),
     _triton_backend(),

@@ -66,14 +66,19 @@ def with_precision(p: Problem, launch: Launch) -> Launch:
 
 
 def bind_cublas(p: Problem, config=None) -> Launch:
-    """D = act(A @ B + C) with torch.mm / torch.addmm, written into ``out`` when given."""
+    """D = act(A @ B + C) with torch.mm / torch.addmm, written into ``out`` when given (by
+    their ``out=``, or, where autograd records the call, which ``out=`` does not support,
+    copied into it as ``torch_unfused`` does)."""
     relu = p.relu
 
     def launch(a, b, c, out):
-        if out is None:  # no out= keyword: torch's argument parser takes longer over one
+        if out is None or (torch.is_grad_enabled() and (
+                a.requires_grad or b.requires_grad or (c is not None and c.requires_grad))):
+            # no out= keyword: torch's argument parser takes longer over one
             d = torch.mm(a, b) if c is None else torch.addmm(c, a, b)
-        else:
-            d = torch.mm(a, b, out=out) if c is None else torch.addmm(c, a, b, out=out)
+            d = d.relu_() if relu else d
+            return d if out is None else out.copy_(d)
+        d = torch.mm(a, b, out=out) if c is None else torch.addmm(c, a, b, out=out)
         return d.relu_() if relu else d
 
     return with_precision(p, launch)

@@ -58,8 +58,10 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "
 # multiplies the stored bit patterns (triton-lang/triton#11584). bf16 is GPU-only.
 DTYPES = ((torch.float16, torch.float32) if INTERPRETED
           else (torch.float16, torch.bfloat16, torch.float32))
-# Offsets are 32-bit: a tensor of 2**31 or more elements would overflow them.
-MAX_NUMEL = 2**31 - 1
+# Offsets and tile indices are 32-bit: an element 2**31 or more elements past its tensor's
+# start would wrap, and so would a row or column index of a tile past M or N (at most 255
+# past, the largest tile) as M or N nears 2**31, letting the store's mask through.
+MAX_INDEX = 2**31 - 1 - 256
 
 
 def _config(bm, bn, bk, warps, stages, group_m=8):
@@ -276,12 +278,12 @@ def _even_k(args: dict) -> bool:
     return args["K"] % args["BLOCK_K"] == 0
 
 
-def autotuned(configs: list[triton.Config], prune: bool = True) -> triton.runtime.Autotuner:
-    """``fused_gemm_kernel`` under ``triton.autotune`` over ``configs`` (with ``prune``,
-    pruned to the operand type's list by ``_prune``), keyed by M, N, K and the input
-    precision; EVEN_K is computed per config."""
+def autotuned(configs: list[triton.Config]) -> triton.runtime.Autotuner:
+    """``fused_gemm_kernel`` under ``triton.autotune`` over ``configs``, pruned to the
+    operand type's list by ``_prune``, keyed by M, N, K and the input precision; EVEN_K is
+    computed per config."""
     return triton.autotune(configs=configs, key=["M", "N", "K", "INPUT_PRECISION"],
-                           prune_configs_by={"early_config_prune": _prune} if prune else None)(
+                           prune_configs_by={"early_config_prune": _prune})(
         triton.heuristics({"EVEN_K": _even_k})(fused_gemm_kernel))
 
 
@@ -361,7 +363,9 @@ def candidates(dtype_name: str, smem_bytes: int | None = None, interpreted: bool
 
     On a GPU (``interpreted=False``) ``SEARCH_SPACE`` with ``SEARCH_BLOCK_K``, and with
     PERSISTENT 0 and 1 (``SEARCH_PERSISTENT``) when ``persistent`` (the GPU runs the
-    persistent TMA kernel), less the configs that cannot fit: more shared memory than
+    persistent TMA kernel) and the dtype is not TF32 (TF32 runs on B K-major, which the TMA
+    kernel's descriptors do not take: PERSISTENT 1 would time the pointer kernel again),
+    less the configs that cannot fit: more shared memory than
     ``smem_bytes`` bytes (when given), that is the operand tiles of all stages,
     (BLOCK_M + BLOCK_N) * BLOCK_K * bytes * num_stages, plus with PERSISTENT=1 the
     epilogue's C and D buffers, 2 * BLOCK_M * BLOCK_N/2 * bytes; or more than
@@ -372,7 +376,7 @@ def candidates(dtype_name: str, smem_bytes: int | None = None, interpreted: bool
         space = INTERPRETER_SEARCH_SPACE
     else:
         space = {**SEARCH_SPACE, "BLOCK_K": SEARCH_BLOCK_K[dtype_name]}
-        if persistent:
+        if persistent and dtype_name != "tf32":
             space["PERSISTENT"] = SEARCH_PERSISTENT
     size = 2 if dtype_name in ("fp16", "bf16") else 4  # TF32 operands are stored as fp32
     configs = [dict(zip(space, values)) for values in itertools.product(*space.values())]
@@ -492,7 +496,10 @@ def bind(p: Problem, config: triton.Config | None = None, record: list | None = 
 
     def first(a, b, c, out):
         """Launch through Triton's JIT, then keep what later launches need."""
-        problem = _persistent_problem(a, b, c, out, tiles) if persistent else None
+        problem = None
+        if persistent:
+            problem = ("TF32 runs on a K-major copy of B, which the TMA kernel does not take"
+                       if transposed[0] else _persistent_problem(a, b, c, out, tiles))
         if persistent and problem is None:
             num_sms = _num_sms(a.device)
             grid = (min(num_sms, triton.cdiv(p.m, tiles["BLOCK_M"]) *

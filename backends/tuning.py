@@ -127,11 +127,7 @@ class Table:
     memo: dict = field(default_factory=dict)
 
     def __post_init__(self):
-        self._index = {}
-        for entry in self.entries:  # a file edited by hand may repeat a key: the fastest wins
-            old = self._index.get(_key(entry))
-            if old is None or entry["tflops"] > old["tflops"]:
-                self._index[_key(entry)] = entry
+        self._index = _by_key(self.entries)
 
     def get(self, backend: str, gpu: str, dtype: str, m: int, n: int, k: int) -> dict | None:
         """The entry for this backend, GPU name, dtype name and the bucket of M x N x K."""
@@ -264,12 +260,24 @@ def why_not(backend: str, gpu: str, dtype: str, m: int, n: int, k: int,
             f"{', '.join(map(_shape, buckets))})")
 
 
+def _by_key(entries: list[dict]) -> dict[tuple, dict]:
+    """The entries by (gpu, backend, dtype, bucket); where a file edited by hand repeats a
+    key, the entry with the most TFLOP/s (the one a lookup has used)."""
+    index: dict[tuple, dict] = {}
+    for entry in entries:
+        old = index.get(_key(entry))
+        if old is None or entry["tflops"] > old["tflops"]:
+            index[_key(entry)] = entry
+    return index
+
+
 def merge(old: list[dict], new: list[dict]) -> list[dict]:
     """``old`` with ``new`` merged in: a new entry replaces the one of the same (gpu, backend,
-    dtype, bucket). Which is faster is decided before, with both timed in one run
-    (``gemmlab tune`` times the table's entry beside the candidates); TFLOP/s recorded in
-    different runs do not compare. Sorted by that key, for stable diffs."""
-    merged = {_key(e): e for e in old}
+    dtype, bucket); of an ``old`` key repeated (a hand edit), the one lookups use stays (see
+    ``_by_key``). Which is faster is decided before, with both timed in one run (``gemmlab
+    tune`` times the table's entry beside the candidates); TFLOP/s recorded in different runs
+    do not compare. Sorted by that key, for stable diffs."""
+    merged = _by_key(old)
     merged.update((_key(e), e) for e in new)
     return [merged[key] for key in sorted(merged)]
 

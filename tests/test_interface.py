@@ -184,6 +184,12 @@ class TestBadInput:
         if backends.BACKENDS[backend].differentiable:
             gemm(a, b, backend=backend).sum().backward()
             assert torch.allclose(a.grad, b.sum(1).expand(4, 5), atol=1e-5)
+            a.grad = None
+            out = torch.full((4, 6), float("nan"), **ON[backend])  # and with out= (recorded)
+            assert gemm(a, b, backend=backend, out=out) is out
+            assert_matches_reference(out.detach(), a.detach(), b, None, None)
+            out.sum().backward()
+            assert torch.allclose(a.grad, b.sum(1).expand(4, 5), atol=1e-5)
         else:
             for _ in range(2):
                 with pytest.raises(ValueError, match="has no backward"):
@@ -479,6 +485,24 @@ def test_torch_compile_refuses_a_graph_whose_inputs_are_not_a_b_c():
     other = torch.compile(lambda x, y: x @ y, backend=entry._inductor, fullgraph=True)
     with pytest.raises(RuntimeError, match=re.escape("Dynamo's graph takes [\"L['x']\"")):
         other(a, b)
+
+
+@pytest.mark.skipif("triton_fused" not in RUNNING, reason="triton_fused cannot run here")
+@pytest.mark.parametrize("case", ["M", "D"])
+def test_triton_refuses_what_its_32_bit_offsets_cannot_reach(case):
+    """Nothing is allocated: M = 2**31 rows of one expanded element (no offset past 0, but
+    the tile's row index would wrap), or a D of 2**32 elements from 4 MiB operands."""
+    dtype = ON["triton_fused"]["dtype"]
+    one = torch.ones(1, 1, dtype=dtype, device=DEVICE)
+    if case == "M":
+        a, b = one.expand(2**31, 1), one
+    else:
+        a = torch.ones(2**16, 16, dtype=dtype, device=DEVICE)
+        b = torch.ones(16, 2**16, dtype=dtype, device=DEVICE)
+    limit = backends.BACKENDS["triton_fused"].max_index
+    assert limit == 2**31 - 257
+    with pytest.raises(ValueError, match=f"indexes at most {limit} elements past an operand"):
+        gemm(a, b, backend="triton_fused")
 
 
 def test_out_overlapping_an_input_through_another_storage_is_refused(rng):

@@ -1,6 +1,8 @@
 """The host side of the TMA kernel (backends/cuda/tma.py) that runs without a GPU: which
 operands a tensor map can describe as they are, and the zero-padded copies of the others."""
 
+import threading
+
 import pytest
 import torch
 
@@ -61,7 +63,7 @@ def test_a_binding_encodes_the_maps_of_an_address_pair_once(monkeypatch):
     launch_maps(odd, b)
     padded = launch_maps(odd, b)
     assert len(encoded) == 6
-    held_maps, pa, pb = launch_maps._padded  # held until the next padded call
+    held_maps, pa, pb = launch_maps._padded.kept  # held until this thread's next padded call
     assert padded == (pa.data_ptr(), b.data_ptr(), held_maps.data_ptr())
     assert pb is b and pa.data_ptr() % 16 == 0 and torch.equal(pa[:, :16], odd)
     others = [torch.randn(8, 16, dtype=torch.float16) for _ in range(2)]
@@ -70,6 +72,12 @@ def test_a_binding_encodes_the_maps_of_an_address_pair_once(monkeypatch):
     assert len(launch_maps._maps) == 2 and (a.data_ptr(), b.data_ptr()) not in launch_maps._maps
     launch_maps(a, b)  # evicted: encoded again
     assert len(encoded) == 12
+    odd_too = torch.randn(8 * 16 + 1, dtype=torch.float16)[1:].view(8, 16)
+    other_thread = threading.Thread(target=launch_maps, args=(odd_too, b))
+    other_thread.start()
+    other_thread.join()
+    assert len(encoded) == 14  # padded and encoded in the other thread...
+    assert launch_maps._padded.kept[0] is held_maps  # ...without dropping this thread's copies
 
 
 def _fake_encode(encoded):

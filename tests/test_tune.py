@@ -102,7 +102,14 @@ def test_interpreter_space_is_tiny():
         "fp16", torch.device("cpu")) == triton_fused.candidates("fp16", interpreted=True)
 
 
-@pytest.mark.parametrize("dtype_name,size", [("fp16", 2), ("tf32", 4), ("fp32", 4)])
+def test_triton_tf32_space_leaves_out_the_persistent_kernel_it_never_runs():
+    """TF32 runs on B K-major, which the TMA kernel does not take: PERSISTENT 1 would time
+    the pointer kernel a second time under another name."""
+    assert triton_fused.candidates("tf32", H200_SMEM, persistent=True) == \
+        triton_fused.candidates("tf32", H200_SMEM)
+
+
+@pytest.mark.parametrize("dtype_name,size", [("fp16", 2), ("fp32", 4)])
 def test_triton_space_searches_the_persistent_kernel_where_it_runs(dtype_name, size):
     """persistent=True (compute capability 9.0+): PERSISTENT 0 is the pointer kernel's space
     as before; PERSISTENT 1 also needs shared memory for the epilogue's C and D halves."""
@@ -213,6 +220,17 @@ def test_save_replaces_the_entry_of_its_key(table):
                                   3000) == second
     assert [p.name for p in table.parent.iterdir()] == ["tuned.json"]  # no temporary left
     assert table.stat().st_mode & 0o777 == 0o644
+
+
+def test_saving_another_key_keeps_the_entry_lookups_use_of_a_repeated_key(table):
+    """A hand-edited file repeating a key: lookups take the fastest, and a save of an
+    unrelated entry keeps that one (not the last in the file)."""
+    fast, slow = entry(tflops=600.0, BLOCK_M=1), entry(tflops=300.0, BLOCK_M=2)
+    table.write_text(json.dumps({"entries": [fast, slow]}))
+    lookup = ("triton_fused", "NVIDIA H200", "fp16", 4096, 4096, 4096)
+    assert tuning.load(table).get(*lookup) == fast
+    tuning.save([entry(bucket=(1024, 1024, 1024), tflops=100.0)], table)
+    assert tuning.load(table).get(*lookup) == fast
 
 
 def test_save_rejects_a_malformed_entry(table):

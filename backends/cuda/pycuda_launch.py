@@ -1,10 +1,10 @@
 """The ladder's ``.cu`` sources launched through PyCUDA instead of CuPy.
 
 Same sources, same ``-D`` tile sizes, same launch geometry and arguments as the CuPy path
-(``CudaKernel.__call__``); only the compiler (nvcc through ``pycuda.compiler.SourceModule``
-instead of NVRTC) and the launch call differ, so the two can be compared result for result
-and time for time. PyCUDA works in the device's primary context, the one PyTorch and CuPy
-use, so the three share memory pointers.
+(the launch ``CudaKernel.bind`` returns); only the compiler (nvcc through
+``pycuda.compiler.SourceModule`` instead of NVRTC) and the launch call differ, so the two can
+be compared result for result and time for time. PyCUDA works in the device's primary
+context, the one PyTorch and CuPy use, so the three share memory pointers.
 
 PyCUDA launches on its own ``Stream`` objects and cannot wrap another library's stream, so
 this launcher runs only on the default stream (torch's current stream unless a side stream is
@@ -67,8 +67,9 @@ def _compiled(source: str, name: str, defines: tuple[str, ...], device: int, arc
 def launch(kernel, dtype: torch.dtype, device: int, grid: tuple[int, int], args: tuple,
            blobs: bytes = b"") -> None:
     """Launch ``kernel`` (a ``backends.cuda.CudaKernel``) for ``dtype`` operands on
-    ``device`` with the launcher-neutral ``args`` (four pointers, M, N, K, ldc, relu, and the
-    tensor-map buffer of a ``tma`` kernel) and ``blobs``, the by-value tensor maps of an
+    ``device`` with the launcher-neutral ``args`` (four pointers, M, N, K, ldc, relu, then
+    the tensor-map buffer of a ``tma`` kernel, and the stream-K workspace's address and
+    launch token of a persistent one) and ``blobs``, the by-value tensor maps of an
     ``epilogue_maps`` kernel (``KernelArgs.set_blobs``'s bytes), on the default stream.
 
     Raises:

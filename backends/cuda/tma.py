@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import threading
 from collections import OrderedDict
 
 import torch
@@ -103,8 +104,8 @@ class LaunchMaps:
     buffers of the last ``kept`` address pairs encoded whose operands are used as they are
     (the aligned case) are kept, so calling again on the same tensors costs two ``data_ptr``
     reads and a dict look-up; padded operands are new copies, encoded per call (the copies
-    and their buffer live until the next such call, which is after the launch has been
-    queued).
+    and their buffer live until the same thread's next such call, which is after its launch
+    has been queued: per thread, as a binding may launch from several).
     """
 
     def __init__(self, k: int, n: int, block_m: int, block_k: int, kept: int = 8):
@@ -112,7 +113,7 @@ class LaunchMaps:
         # (A's, B's address) -> (maps buffer, (A's, B's, the buffer's address))
         self._maps: OrderedDict[tuple[int, int], tuple[torch.Tensor, tuple[int, int, int]]] = (
             OrderedDict())
-        self._padded: tuple[torch.Tensor, ...] | None = None  # (maps, padded A, padded B)
+        self._padded = threading.local()  # .kept: (maps, padded A, padded B)
 
     def __call__(self, a: torch.Tensor, b: torch.Tensor) -> tuple[int, int, int]:
         key = (a.data_ptr(), b.data_ptr())
@@ -127,7 +128,7 @@ class LaunchMaps:
             if len(self._maps) > self.kept:
                 self._maps.popitem(last=False)
         else:
-            self._padded = (maps, pa, pb)
+            self._padded.kept = (maps, pa, pb)
         return addresses
 
 
