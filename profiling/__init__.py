@@ -1,2 +1,3 @@
-"""Profiling helpers: NVTX ranges now; Nsight Compute / Nsight Systems runners and their
-report parsers, and roofline ceilings, come with the profiling issue."""
+"""Profiling: NVTX ranges (``nvtx``), Nsight Compute and Nsight Systems sessions with their
+reports parsed (``ncu``, ``nsys``), the CUDA toolkit's locations (``cuda_toolkit``), and what
+the NVTX ranges cost (``overhead``)."""

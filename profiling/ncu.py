@@ -240,6 +240,7 @@ def run(command: list[str], out_dir: str | Path, *, ranges: list[str] | None = N
     argv = build_command(command, report, ranges=ranges, sections=sections,
                          launch_count=launch_count, kernel_name=kernel_name, metrics=metrics,
                          ncu=ncu)
+    report.with_suffix(".ncu-rep").unlink(missing_ok=True)  # else an old report reads as this one
     status = subprocess.run(argv).returncode
     if not report.with_suffix(".ncu-rep").exists():
         raise RuntimeError(f"ncu wrote no report (exit status {status}); no kernel matched the "

@@ -94,7 +94,9 @@ def build_command(command: list[str], out_dir: str | Path, name: str = "report",
                   rank_env: str | None = None, nsys: str = "nsys") -> list[str]:
     """The command line running ``command`` under ``nsys profile`` (CUDA and NVTX traced, no
     CPU sampling), one report per rank after ``mpiexec -n P``: ``<out_dir>/<name>.rank%q{VAR}``
-    with VAR = ``rank_env``, which an MPI command needs.
+    with VAR = ``rank_env``, which an MPI command needs. Kernels replayed from a CUDA graph are
+    traced one by one (``--cuda-graph-trace=node``; nsys's default traces a graph launch as a
+    whole, and its kernels would be missing from the kernel table and the overlap).
 
     Raises:
         ValueError: an empty command, an MPI command without ``rank_env``.
@@ -103,8 +105,8 @@ def build_command(command: list[str], out_dir: str | Path, name: str = "report",
     if launcher and rank_env is None:
         raise ValueError("an mpiexec command needs the rank variable (rank_env)")
     output = Path(out_dir) / (f"{name}.rank%q{{{rank_env}}}" if launcher else name)
-    profile = [nsys, "profile", "--trace=cuda,nvtx", "--sample=none", "--cpuctxsw=none",
-               f"--output={output}", "--force-overwrite=true"]
+    profile = [nsys, "profile", "--trace=cuda,nvtx", "--cuda-graph-trace=node", "--sample=none",
+               "--cpuctxsw=none", f"--output={output}", "--force-overwrite=true"]
     return [*launcher, *profile, *program]
 
 
@@ -263,6 +265,8 @@ def analyse(report: Path, comm_regex: str = COMM_REGEX, nsys: str = "nsys") -> d
     """
     base = report.parent / report.name.removesuffix(".nsys-rep")
     sqlite_path = Path(f"{base}.sqlite")
+    for name in STATS_REPORTS:  # a report nsys stats skips must not be read from an older run
+        Path(f"{base}_{name}.csv").unlink(missing_ok=True)
     for argv in (export_command(report, sqlite_path, nsys), stats_command(sqlite_path, base, nsys)):
         done = subprocess.run(argv, capture_output=True, text=True)
         if done.returncode != 0:

@@ -7,9 +7,10 @@ Two measurements, same process:
 1. one ``annotate`` push/pop on its own: the best of several ``timeit`` loops, in µs;
 2. ``backends.gemm`` (cublas, ``size``³) called back to back, with its NVTX range opened
    (into NVTX's stand-in when no profiler is attached, where ``gemm()`` would skip it) and
-   with the range skipped, alternating so clock drift hits both alike: mean wall time per
-   call over ``--calls`` calls after a synchronize, in ms (on a GPU, the CPU runs ahead of the
-   GPU, so this is the GEMM's time unless the range made the CPU the bottleneck).
+   with the range skipped, taking turns (on first in even rounds, off first in odd ones) so
+   clock drift hits both alike: mean wall time per call over ``--calls`` calls after a
+   synchronize, in ms (on a GPU, the CPU runs ahead of the GPU, so this is the GEMM's time
+   unless the range made the CPU the bottleneck).
 
 The ratio (1) / (2) is the share of a call the range can cost at most; the difference of the
 two timings in (2) is what it cost here, within the run-to-run noise printed beside it.
@@ -86,15 +87,16 @@ def gemm_ms(a, b, calls: int) -> float:
 
 def measure(size: int, dtype: torch.dtype, device: torch.device, calls: int,
             rounds: int) -> dict:
-    """Both measurements; ``rounds`` alternating pairs of GEMM timings (on, off)."""
+    """Both measurements; ``rounds`` pairs of GEMM timings, (on, off) in even rounds and
+    (off, on) in odd ones, so that a drift in clock or temperature favours neither."""
     a = torch.randn(size, size, device=device).to(dtype)
     b = torch.randn(size, size, device=device).to(dtype)
-    on, off = [], []
-    for _ in range(rounds):
-        with gemm_range(opened=True):
-            on.append(gemm_ms(a, b, calls))
-        with gemm_range(opened=False):
-            off.append(gemm_ms(a, b, calls))
+    timings = {True: [], False: []}
+    for round_ in range(rounds):
+        for opened in ((True, False) if round_ % 2 == 0 else (False, True)):
+            with gemm_range(opened=opened):
+                timings[opened].append(gemm_ms(a, b, calls))
+    on, off = timings[True], timings[False]
     cost = range_cost_us()
     ms_on, ms_off = statistics.median(on), statistics.median(off)
     return {"size": size, "dtype": name_of(dtype), "device": str(device),

@@ -2,6 +2,7 @@
 replacing the domain handle), CUDA stream naming, and the overhead probe."""
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -101,8 +102,13 @@ def test_training_steps_and_transformer_layers_are_ranges(ranges):
 
 
 def test_streams_are_named_where_nvtx3_headers_and_a_compiler_exist():
-    why = gemmlab_nvtx.stream_naming_unavailable_reason()
-    assert gemmlab_nvtx.name_stream(0, "gemmlab test stream") is (why is None)
+    from profiling.cuda_toolkit import toolkit_include_dirs
+
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    headers = [d for d in toolkit_include_dirs() if (d / "nvtx3" / "nvToolsExtCudaRt.h").is_file()]
+    named = gemmlab_nvtx.name_stream(0, "gemmlab test stream")
+    assert named == bool(compiler and headers), gemmlab_nvtx.stream_naming_unavailable_reason()
+    assert (gemmlab_nvtx.stream_naming_unavailable_reason() is None) == named
 
 
 def test_overhead_probe_reports_both_timings(tmp_path, capsys):
@@ -116,6 +122,16 @@ def test_overhead_probe_reports_both_timings(tmp_path, capsys):
     assert "NVTX range push/pop" in capsys.readouterr().out
 
 
+def test_the_overhead_probe_takes_turns_on_which_timing_goes_first(monkeypatch):
+    from profiling import overhead
+
+    order = []
+    monkeypatch.setattr(overhead, "gemm_ms", lambda a, b, calls: order.append(
+        "off" if gemmlab_nvtx.domain is gemmlab_nvtx.NO_PROFILER else "on") or 1.0)
+    overhead.measure(8, torch.float32, torch.device("cpu"), calls=1, rounds=3)
+    assert order == ["on", "off", "off", "on", "on", "off"]
+
+
 def test_the_overhead_probe_times_gemm_with_its_range_and_without(ranges, monkeypatch):
     """The probe's two timings differ by the range alone: opened, gemm() pushes one range
     per call; skipped, none, whatever domain was there before."""
@@ -125,6 +141,7 @@ def test_the_overhead_probe_times_gemm_with_its_range_and_without(ranges, monkey
     a, b = torch.randn(4, 4), torch.randn(4, 4)
     before = gemmlab_nvtx.domain, gemmlab_nvtx.NO_PROFILER
     with overhead.gemm_range(opened=False):
+        assert gemmlab_nvtx.domain is gemmlab_nvtx.NO_PROFILER  # what makes gemm() skip it
         backends.gemm(a, b, backend="torch_unfused")
     assert ranges == [] and (gemmlab_nvtx.domain, gemmlab_nvtx.NO_PROFILER) == before
     monkeypatch.setattr(gemmlab_nvtx, "NO_PROFILER", gemmlab_nvtx.domain)  # a skipping gemm()

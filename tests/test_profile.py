@@ -19,7 +19,8 @@ from profiling import ncu, nsys
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "profiling"
 SECTIONS = ["--section", "SpeedOfLight", "--section", "MemoryWorkloadAnalysis", "--section",
             "Occupancy", "--section", "LaunchStats", "--section", "SpeedOfLight_RooflineChart"]
-NSYS_PROFILE = ["nsys", "profile", "--trace=cuda,nvtx", "--sample=none", "--cpuctxsw=none"]
+NSYS_PROFILE = ["nsys", "profile", "--trace=cuda,nvtx", "--cuda-graph-trace=node", "--sample=none",
+                "--cpuctxsw=none"]
 
 
 def gemmlab_profile(*argv: str) -> tuple[int, str]:
