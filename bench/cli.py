@@ -4,16 +4,13 @@ subcommand, each registering its own parser)."""
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 
 from rich.console import Console
 
 from .commands import COMMANDS
 from .recording import interrupt_all
-from .session import UsageError
-
-INTERRUPTED = 130  # the shell's status for a process ended by SIGINT (128 + 2)
+from .session import INTERRUPTED, UsageError, sigterm_as_ctrl_c
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -26,17 +23,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt
-
-
 def main(argv: list[str] | None = None) -> int:
     """Parse ``argv`` (default ``sys.argv[1:]``) and ``run`` the subcommand, printing to
     stdout, with SIGTERM handled as Ctrl-C; its exit status."""
     args = build_parser().parse_args(argv)
     # Tables stay unwrapped when the output is a file or a pipe (rich assumes 80 columns).
     console = Console(width=None if sys.stdout.isatty() else 160)
-    signal.signal(signal.SIGTERM, _interrupt)
+    sigterm_as_ctrl_c()
     return run(args, console)
 
 

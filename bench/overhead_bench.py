@@ -1,8 +1,10 @@
 """``gemmlab bench --overhead``: what ``gemm()`` costs the host per call, against the call it
 wraps, per backend, on tiny shapes where the host is all there is.
 
-Per backend (and dtype) on fresh random A, B, C, every call first checked against float64 on
-a NaN-poisoned output:
+Per backend (and dtype) on fresh random A, B, C, every call first checked against float64,
+the operands refilled in place with new random values before each call's check: each call
+makes its own D, and one that left it unwritten would hand back an earlier call's D, made
+from other operands, and fail:
 
 - ``wrapped_us``: the library call the backend makes, set up once by hand and then only
   called, a new D each call as ``gemm()`` gives, and the operands' addresses read per call
@@ -192,7 +194,6 @@ def measure(name: str, dtype_name: str, device: torch.device, shape=SHAPE, *, ro
     generator = torch.Generator(device=device).manual_seed(seed)
     a, b, c = (random_operand(*s, dtype=dtype, device=device, generator=generator)
                for s in ((m, k), (k, n), (m, n)))
-    ref = backends.reference(a, b, c, "relu")
     p = Problem.of(a, b, c, True, tf32)
     d = torch.empty((m, n), dtype=dtype, device=device)  # a D for the set-up of raw launches
     impl = backends.BACKENDS[name]
@@ -212,6 +213,10 @@ def measure(name: str, dtype_name: str, device: torch.device, shape=SHAPE, *, ro
         launch = bind_launch(a, b, c, activation="relu", backend=name, allow_tf32=tf32)
         calls["launch_us"] = lambda: launch(a, b, c, None)
         for label, call in calls.items():
+            for operand in (a, b, c):  # the calls read these tensors: same addresses
+                operand.copy_(random_operand(*operand.shape, dtype=dtype, device=device,
+                                             generator=generator))
+            ref = backends.reference(a, b, c, "relu")
             err = backends.relative_error(call(), ref)
             if not err <= tol:
                 raise ValueError(f"{label[:-3]} call: relative error {err:.2e} > {tol:.0e}")

@@ -443,8 +443,9 @@ def study_table(directory: str) -> str:
             body.append([*point, "FAIL", "-", "-", "-", "-", "-"])
             continue
         body.append([*point, f"{r['tflops_per_gpu']:.1f}", f"{r['step_ms']:.2f}",
-                     f"{r['comm_ms']:.2f}", f"{r['comm_share']:.0%}", f"{r['speedup']:.2f}",
-                     f"{r['efficiency']:.2f}"])
+                     f"{r['comm_ms']:.2f}", f"{r['comm_share']:.0%}",
+                     *("-" if r[key] is None else f"{r[key]:.2f}"  # no checked P = 1 row
+                       for key in ("speedup", "efficiency"))])
     header = ["workload", "mode", "backend", "comm", "P", "TFLOP/s per GPU", "step ms",
               "comm ms (alone)", "comm share", "speedup", "efficiency"]
     return (_table(header, "lllllrrrrrr", body) + "\n\n"

@@ -235,7 +235,9 @@ class Recorder:
 
     ``progress``: called with each added row, e.g. to print one line per finished row.
     ``meta``: fields the run adds to ``collect_meta()`` in ``results.json``, finished or
-    interrupted (e.g. the timing knobs the rows were taken with).
+    interrupted (e.g. the timing knobs the rows were taken with). ``collect_meta()`` is taken
+    here, when the run starts: the commit, tree state, environment and date of the code that
+    ran, whatever changes in the checkout while it runs.
     ``comm``: an MPI job's communicator (an mpi4py ``Comm``), every rank constructing its
     Recorder with the same ``out``: only rank 0 records on disk, and ``finish`` is collective,
     returning on every rank once rank 0 has written. ``tp.mpi.abort_on_exception`` aborts a
@@ -251,6 +253,7 @@ class Recorder:
         self.comm = comm
         self.plot, self.progress = plot, progress
         self.meta = dict(meta or {})
+        self.started = collect_meta() if self.out is not None else {}
         self.rows: list[dict] = []
         self.lines = None
         if self.out is not None:
@@ -274,9 +277,10 @@ class Recorder:
             self.add(row)
 
     def finish(self, **extra) -> list[Path]:
-        """Write results.json (``meta``: ``collect_meta()`` with the Recorder's own ``meta``;
-        the rows; ``extra`` top-level fields), results.csv and results.png; the paths written
-        (none without ``out``). With ``comm``, a barrier over it follows the writing."""
+        """Write results.json (``meta``: ``collect_meta()`` of the run's start with the
+        Recorder's own ``meta``; the rows; ``extra`` top-level fields), results.csv and
+        results.png; the paths written (none without ``out``). With ``comm``, a barrier over
+        it follows the writing."""
         paths = self._write(**extra)
         if self.comm is not None:
             self.comm.Barrier()
@@ -290,7 +294,7 @@ class Recorder:
             self.lines.close()
         if self.out is None:
             return []
-        return write_results(self.out, {**collect_meta(), **self.meta}, self.rows, self.plot,
+        return write_results(self.out, {**self.started, **self.meta}, self.rows, self.plot,
                              **extra)
 
     def interrupt(self) -> list[Path]:

@@ -84,7 +84,6 @@ COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broa
 # A TP run passes when each tensor's error is within the dtype's tolerance or within this
 # factor of the same tensor's error in the dense workload run in the same dtype (module doc).
 DENSE_FACTOR = 2.0
-CANNOT_RUN = 3  # exit status: more ranks on a node than GPUs (bench.scale_series skips that P)
 RULES = {"strong": "global sizes fixed: ffn = r*h, heads H, head_dim h/H",
          "weak": "per-rank sizes fixed: ffn = r*h*P, heads H*P, head_dim h/H; tokens, "
                  "hidden, seq fixed"}

@@ -8,7 +8,7 @@ For each P in ``--ranks``, in order, runs
 
 (``gemmlab scale`` through ``python3 -m bench.cli``: no installed script needed) from the
 repository root, killed after ``--timeout`` seconds, its output in ``DIR/P<P>/log.txt``. A P
-the machine cannot run (the run exits with ``bench.scale.CANNOT_RUN``: more ranks on a node
+the machine cannot run (the run exits with ``bench.session.CANNOT_RUN``: more ranks on a node
 than GPUs) is reported and skipped; any other failure (nonzero exit, timeout, a workload that
 failed its check: status ``check_failed``) stops the series, keeping the Ps already measured.
 ``<mpiexec>`` is ``--mpiexec``, else ``$GEMMLAB_MPIEXEC``, else ``mpiexec`` (with
@@ -25,7 +25,8 @@ The per-P rows are merged, against the P = 1 row of the same workload (T(P): ste
 Written to DIR: ``results.json`` (meta, rows, and ``runs``: what happened at each P),
 ``results.csv``, ``results.png`` (speedup against the ideal line, efficiency against P, one
 curve per workload). Exit status 0 when every P ran or was skipped, 1 when one failed or none
-ran, 2 for bad arguments.
+ran, 2 for bad arguments, 130 on Ctrl-C or SIGTERM (the running P's ranks are killed, and the
+Ps that finished are merged and written, marked ``"interrupted": true``).
 """
 
 from __future__ import annotations
@@ -43,8 +44,8 @@ from rich.console import Console
 from rich.table import Table
 
 from .recording import REPO, collect_meta, write_results
-from .scale import CANNOT_RUN, MODES
-from .session import UsageError, int_list
+from .scale import MODES
+from .session import CANNOT_RUN, INTERRUPTED, UsageError, int_list, sigterm_as_ctrl_c
 
 
 def default_mpiexec() -> str:
@@ -206,32 +207,41 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--out after -- : the series sets each run's --out (DIR/P<P>)")
     mpiexec = shlex.split(args.mpiexec or default_mpiexec())
     out = Path(args.out).resolve()
+    # Of the series' start: the code that runs, whatever changes in the checkout meanwhile.
+    meta = {**collect_meta(),
+            "command": shlex.join(["python3", "-m", "bench.scale_series", *argv])}
+    sigterm_as_ctrl_c()
     results: dict[int, list[dict]] = {}
     runs = []
-    failed = False
-    for p in ranks:
-        console.print(f"P={p}: gemmlab scale {args.mode} under {shlex.join(mpiexec)} -n {p} ...")
-        status, reason = run_one(mpiexec, p, args.mode, flags, out / f"P{p}", args.timeout)
-        runs.append({"P": p, "status": status, "reason": reason, "dir": str(out / f"P{p}")})
-        if status == "ok":
-            results[p] = json.loads((out / f"P{p}" / "results.json").read_text())["rows"]
-            continue
-        console.print(f"P={p}: {status}: {reason}", markup=False)
-        if status in ("failed", "check_failed"):
-            console.print(f"stopping the series; keeping P = {sorted(results) or 'none'}")
-            failed = True
-            break
+    failed = interrupted = False
+    try:
+        for p in ranks:
+            console.print(f"P={p}: gemmlab scale {args.mode} under {shlex.join(mpiexec)} -n "
+                          f"{p} ...")
+            status, reason = run_one(mpiexec, p, args.mode, flags, out / f"P{p}", args.timeout)
+            runs.append({"P": p, "status": status, "reason": reason, "dir": str(out / f"P{p}")})
+            if status == "ok":
+                results[p] = json.loads((out / f"P{p}" / "results.json").read_text())["rows"]
+                continue
+            console.print(f"P={p}: {status}: {reason}", markup=False)
+            if status in ("failed", "check_failed"):
+                console.print(f"stopping the series; keeping P = {sorted(results) or 'none'}")
+                failed = True
+                break
+    except KeyboardInterrupt:  # run_one has killed the running P's ranks
+        console.print(f"interrupted: keeping P = {sorted(results) or 'none'}")
+        interrupted = meta["interrupted"] = True
     rows = merge(args.mode, results)
     if results and 1 not in results:
         console.print("no P = 1 run: speedup and efficiency left empty")
     if rows:
         console.print(_table(args.mode, rows))
-        meta = {**collect_meta(),
-                "command": shlex.join(["python3", "-m", "bench.scale_series", *argv])}
         for path in write_results(out, meta, rows, plot, runs=runs):
             console.print(f"wrote {path}")
     else:
         console.print("no P ran: nothing to merge")
+    if interrupted:
+        return INTERRUPTED
     return 1 if failed or not rows else 0
 
 

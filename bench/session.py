@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from collections.abc import Callable
 
@@ -20,6 +21,26 @@ NO_GPU_BANNER = ("No CUDA GPU found: running the CPU functional check only (smal
 
 class UsageError(ValueError):
     """A mistake in the command line: printed as one ``error:`` line, exit status 2."""
+
+
+CANNOT_RUN = 3  # exit status: the command is right, the machine cannot run it (a GPU per rank)
+INTERRUPTED = 130  # the shell's status for a process ended by SIGINT (128 + 2)
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def sigterm_as_ctrl_c() -> None:
+    """Handle SIGTERM (a job scheduler's or ``timeout``'s stop) as Ctrl-C: a
+    ``KeyboardInterrupt``, after which a command writes what finished."""
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+
+
+class CannotRun(UsageError):
+    """A command this machine cannot run (more ranks on a node than a GPU each where one is
+    needed): printed as one ``cannot run:`` line, exit status ``CANNOT_RUN``, which
+    ``bench.scale_series`` reports and skips."""
 
 
 def add_run_options(parser: argparse.ArgumentParser, out_help: str = "directory for "
@@ -69,6 +90,21 @@ def check_run_options(args) -> None:
         raise UsageError(why)
 
 
+def check_timing_options(warmup_ms: float, rep_ms: float, min_reps: int | None = None) -> None:
+    """The checks of the timing options ``--warmup-ms``, ``--rep-ms`` and ``--min-reps``.
+
+    Raises:
+        UsageError: ``--warmup-ms`` < 0, ``--rep-ms`` <= 0, ``--min-reps`` < 1 (a row with
+            no sample has no median).
+    """
+    if warmup_ms < 0:
+        raise UsageError(f"--warmup-ms must be >= 0; got {warmup_ms:g}")
+    if rep_ms <= 0:
+        raise UsageError(f"--rep-ms must be > 0; got {rep_ms:g}")
+    if min_reps is not None and min_reps < 1:
+        raise UsageError(f"--min-reps must be >= 1; got {min_reps}")
+
+
 def set_threads(requested: int | None, local_ranks: int = 1) -> int:
     """Set torch's intra-op threads: ``requested``, or the machine's cores divided by the
     ranks on it (at least 1), so one process and P ranks of a run use the machine alike and
@@ -96,18 +132,21 @@ def row_printer(console: Console, describe: Callable[[dict], str],
     return line
 
 
-def agree(world, check: Callable[[], None]) -> str | None:
-    """Run ``check`` on every rank of ``world``; the first rank's error (a ``UsageError``'s
-    message) when any rank's check failed, else None. Collective: every rank gets the same
-    answer, so a mistake one rank sees (an ``--out`` another rank can write) stops them all,
-    before any work and without MPI_Abort."""
+def agree(world, check: Callable[[], None]) -> UsageError | None:
+    """Run ``check`` on every rank of ``world``; the first rank's error (its ``UsageError``
+    or ``CannotRun``) when any rank's check failed, else None. Collective: every rank gets the
+    same answer, so a mistake one rank sees (an ``--out`` another rank can write) stops them
+    all, before any work and without MPI_Abort."""
     try:
         check()
         error = None
     except UsageError as exc:
-        error = str(exc)
+        error = (isinstance(exc, CannotRun), str(exc))
     errors = [e for e in world.allgather(error) if e is not None]
-    return errors[0] if errors else None
+    if not errors:
+        return None
+    cannot_run, message = errors[0]
+    return (CannotRun if cannot_run else UsageError)(message)
 
 
 def csv_list(text: str | None) -> list[str]:
@@ -234,7 +273,8 @@ def mpi_setup(args, console: Console, check: Callable[[str, int], None] | None =
 
     Returns:
         ``(world, device, say)``, ``say`` printing on rank 0 only; or an ``int`` exit status
-        2 after one ``error:`` line on rank 0, when any rank found a mistake.
+        after one line on rank 0: 2 (``error:``) when any rank found a mistake,
+        ``CANNOT_RUN`` (``cannot run:``) when a check raised ``CannotRun``.
     """
     launch_in_order()  # before MPI_Init, which may already initialise CUDA
     device_type = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -260,6 +300,9 @@ def mpi_setup(args, console: Console, check: Callable[[str, int], None] | None =
         _check_gpu_per_nccl_rank(getattr(args, "comm", None), device_type, local_ranks)
 
     if (error := agree(world, checks)) is not None:
+        if isinstance(error, CannotRun):
+            say(f"cannot run: {error}", highlight=False, soft_wrap=True)
+            return CANNOT_RUN
         say(f"error: {error}", highlight=False, soft_wrap=True)
         return 2
     device = bind_device(world) if device_type == "cuda" else torch.device("cpu")
@@ -275,5 +318,5 @@ def _check_gpu_per_nccl_rank(comm: str | None, device_type: str, local_ranks: in
         return
     gpus = torch.cuda.device_count()
     if local_ranks > gpus:
-        raise UsageError(f"NCCL needs a GPU per rank: {local_ranks} ranks share {gpus} GPU(s) "
+        raise CannotRun(f"NCCL needs a GPU per rank: {local_ranks} ranks share {gpus} GPU(s) "
                          f"on this node; use --comm symm, ring or mpi")

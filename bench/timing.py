@@ -116,8 +116,9 @@ def kernel_samples(fn: Callable[[], object], device: torch.device, *,
 
 def call_samples(fn: Callable[[], object], device: torch.device, *, rep_ms: float = 100,
                  min_reps: int = 10) -> list[float]:
-    """Call-time samples of ``fn()`` in ms (at least ``min_reps``): each call issued to an
-    idle GPU, L2 flushed before it, so a sample holds the host's launch path and the work."""
+    """Call-time samples of ``fn()`` in ms (at least ``min_reps``, at most
+    ``MAX_CALL_SAMPLES`` on a GPU): each call issued to an idle GPU, L2 flushed before it, so
+    a sample holds the host's launch path and the work."""
     if device.type != "cuda":
         return _cpu_samples(fn, rep_ms, min_reps)
     from triton import runtime

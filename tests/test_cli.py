@@ -103,6 +103,13 @@ def test_overwrite_replaces_the_results_only(tmp_path):
     assert (out / "results.png").read_bytes().startswith(b"\x89PNG")
 
 
+def test_a_file_where_a_parent_directory_should_be_is_refused(tmp_path):
+    """What a user can hit as root too (where the test below, of permissions, is skipped)."""
+    (tmp_path / "f").write_text("not a directory")
+    result = gemmlab(*SWEEP, "--out", str(tmp_path / "f" / "sub" / "run"))
+    assert result.returncode == 2 and "cannot be created" in result.stdout, result.stdout
+
+
 def test_an_unwritable_parent_is_refused(tmp_path):
     if os.geteuid() == 0:
         pytest.skip("root writes anywhere")
@@ -277,15 +284,39 @@ def test_nothing_is_printed_at_import_or_by_help():
         assert result.returncode == 0 and result.stderr == "", result.stderr
 
 
-def test_nccl_with_two_ranks_on_one_gpu_is_a_usage_error(monkeypatch):
-    """NCCL refuses two ranks on one device at start-up: the command says so first."""
+def test_nccl_with_two_ranks_on_one_gpu_cannot_run(monkeypatch):
+    """NCCL refuses two ranks on one device at start-up: the command says so first, as
+    something the machine cannot run (exit status CANNOT_RUN: a series skips that P)."""
     from bench import session
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     for comm in (None, "nccl", "symm,ring/nccl"):
-        with pytest.raises(session.UsageError, match="NCCL needs a GPU per rank: 2 ranks "
-                                                     "share 1 GPU"):
+        with pytest.raises(session.CannotRun, match="NCCL needs a GPU per rank: 2 ranks "
+                                                    "share 1 GPU"):
             session._check_gpu_per_nccl_rank(comm, "cuda", 2)
     session._check_gpu_per_nccl_rank("symm", "cuda", 2)  # no NCCL: fine
     session._check_gpu_per_nccl_rank("nccl", "cuda", 1)
     session._check_gpu_per_nccl_rank(None, "cpu", 2)
+
+
+class _World:
+    """``allgather`` of a world of ranks whose checks gave ``errors`` (rank order)."""
+
+    def __init__(self, errors):
+        self.errors = errors
+
+    def allgather(self, mine):
+        return [mine if e is ... else e for e in self.errors]
+
+
+def test_ranks_agree_on_the_first_ranks_error_and_its_kind():
+    from bench import session
+
+    def cannot_run():
+        raise session.CannotRun("a GPU per rank")
+
+    assert session.agree(_World([...]), lambda: None) is None
+    error = session.agree(_World([None, ...]), cannot_run)
+    assert type(error) is session.CannotRun and str(error) == "a GPU per rank"
+    error = session.agree(_World([(False, "--out is not writable"), ...]), cannot_run)
+    assert type(error) is session.UsageError and str(error) == "--out is not writable"

@@ -338,7 +338,9 @@ def test_study_table_marks_fail_points(tmp_path):
              "ok": True, "tflops_per_gpu": 512.34, "step_ms": 1.2345, "comm_ms": 0.3877,
              "comm_share": 0.314, "speedup": 1.752, "efficiency": 0.876}
     d = write(tmp_path, "study", [point, {**point, "backend": "cuda_mma", "ok": False,
-                                          "tflops_per_gpu": None, "step_ms": None}])
+                                          "tflops_per_gpu": None, "step_ms": None},
+                                  {**point, "backend": "cuda_wmma", "speedup": None,
+                                   "efficiency": None}])  # its P = 1 row failed
     assert rt.render("study", d).split("\n")[:4] == [
         "| workload | mode | backend | comm | P | TFLOP/s per GPU | step ms | comm ms (alone) "
         "| comm share | speedup | efficiency |",
@@ -346,6 +348,8 @@ def test_study_table_marks_fail_points(tmp_path):
         "| mlp | strong | `cublas` | nccl | 2 | 512.3 | 1.23 | 0.39 | 31% | 1.75 | 0.88 |",
         "| mlp | strong | `cuda_mma` | nccl | 2 | FAIL | - | - | - | - | - |",
     ]
+    assert rt.render("study", d).split("\n")[4] == (
+        "| mlp | strong | `cuda_wmma` | nccl | 2 | 512.3 | 1.23 | 0.39 | 31% | - | - |")
 
 
 def test_stages_table(tmp_path):

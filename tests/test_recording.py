@@ -64,3 +64,13 @@ def test_an_interrupt_writes_what_finished_without_waiting_for_other_ranks(tmp_p
     assert [p.name for p in paths] == ["results.json", "results.csv", "results.png"]
     assert json.loads(paths[0].read_text())["meta"]["interrupted"] is True
     assert root.barriers == []
+
+
+def test_the_meta_is_of_the_runs_start_not_of_its_end(tmp_path, monkeypatch):
+    """A checkout or environment that changes while a run goes on does not relabel it."""
+    monkeypatch.setenv("NCCL_ALGO", "Ring")
+    recorder = Recorder(tmp_path, plot)
+    monkeypatch.setenv("NCCL_ALGO", "Tree")
+    recorder.add({"x": 1})
+    meta = json.loads(recorder.finish()[0].read_text())["meta"]
+    assert meta["env"]["NCCL_ALGO"] == "Ring"

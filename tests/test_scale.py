@@ -3,7 +3,13 @@ ranks, every run under ``mpiexec`` with a timeout: 180 s, a guard against a hang
 on speed (on the GPU machine under 8 test workers a 60 s one cut runs of a few seconds short)."""
 
 import json
+import os
 import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 from test_comm import MPIEXEC, mpirun, needs_mpi
@@ -11,6 +17,7 @@ from test_comm import MPIEXEC, mpirun, needs_mpi
 from bench import scale_series
 
 pytestmark = needs_mpi
+REPOSITORY = Path(__file__).resolve().parent.parent
 
 # hidden 32, 2 heads (head_dim 16), FFN 4 x 32; 4 sequences of 16 tokens.
 TINY = ["--device", "cpu", "--tokens", "64", "--hidden", "32", "--heads", "2", "--seq", "16",
@@ -157,6 +164,32 @@ def test_series_kills_a_run_past_its_timeout(tmp_path, capsys):
                                 "1", "--mpiexec", "sh -c 'sleep 30' sh", "--", *TINY])
     printed = capsys.readouterr().out
     assert status == 1 and "P=2: failed: timed out after 1 s" in printed
+
+
+def test_a_series_stopped_by_sigterm_keeps_the_ps_that_finished(tmp_path):
+    """SIGTERM while P = 2 runs: its launcher (a process group of its own) is killed, P = 1
+    is merged and written as interrupted, exit status 130."""
+    marker = tmp_path / "p2.pid"
+    script = (f'case "$2" in 2) echo $$ > {shlex.quote(str(marker))}; exec sleep 120;; '
+              f'*) exec {shlex.quote(MPIEXEC)} "$@";; esac')
+    series = subprocess.Popen(
+        [sys.executable, "-m", "bench.scale_series", "strong", "--ranks", "1,2", "--out",
+         str(tmp_path / "out"), "--timeout", "180", "--mpiexec", f"sh -c {shlex.quote(script)} sh",
+         "--", *TINY, "--workload", "mlp"], cwd=REPOSITORY, stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 180
+    while not (marker.exists() and marker.read_text().strip()) and time.monotonic() < deadline:
+        assert series.poll() is None, series.communicate()[0]
+        time.sleep(0.2)
+    launcher = int(marker.read_text())
+    series.send_signal(signal.SIGTERM)
+    printed = series.communicate(timeout=60)[0]
+    assert series.returncode == 130, printed
+    assert "interrupted: keeping P = [1]" in printed
+    with pytest.raises(ProcessLookupError):
+        os.kill(launcher, 0)
+    merged = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert merged["meta"]["interrupted"] is True
+    assert [(r["workload"], r["P"]) for r in merged["rows"]] == [("mlp", 1)]
 
 
 def _measure_in_process(dtype_name, **sizes):

@@ -126,6 +126,22 @@ def test_overhead_benchmark_end_to_end_on_cpu(tmp_path):
     assert (tmp_path / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_an_overhead_call_handing_back_an_earlier_d_fails_its_check(monkeypatch):
+    """A wrapped call that returns a D made before (as one that never wrote the D it was
+    given would): the operands are refilled before each call's check, so it is caught."""
+    import backends
+
+    def stale_wrapped(name, p, a, b, c, d):
+        earlier = backends.gemm(a, b, c, activation="relu", backend=name)
+        return lambda: earlier
+
+    monkeypatch.setattr(overhead_bench, "_wrapped", stale_wrapped)
+    device = torch.device("cuda" if HAS_GPU else "cpu")
+    row = overhead_bench.measure("cublas", "fp32", device, (8, 8, 8), rounds=1, number=1)
+    assert not row["ok"] and row["error"].startswith("ValueError: wrapped call: relative error")
+    assert row["wrapped_us"] is None and row["gemm_us"] is None  # never timed
+
+
 @pytest.mark.parametrize("name", ["cublas", "triton_fused"])
 def test_overhead_figures_come_from_the_timed_calls(monkeypatch, name):
     """A fake clock that runs each timed function once, sees which call it was (the wrapped

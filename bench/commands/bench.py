@@ -18,6 +18,7 @@ from ..session import (
     UsageError,
     add_run_options,
     check_run_options,
+    check_timing_options,
     csv_list,
     prepare_backends,
     row_printer,
@@ -57,6 +58,7 @@ def _selection(args, gpu: bool):
         raise UsageError("; ".join(wrong))
     if args.rounds < 1:
         raise UsageError(f"--rounds must be >= 1, got {args.rounds}")
+    check_timing_options(args.warmup_ms, args.rep_ms, args.min_reps)
     return names, shapes, dtype_names, epilogues or ("relu_c",), launchers
 
 

@@ -22,7 +22,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
     for backend, status in zip(backends.LADDER, backends.available()):
         table.add_row(backend.name, backend.summary,
                       ",".join(name_of(d) for d in backend.dtypes), ",".join(backend.devices),
-                      "yes" if backend.fused_epilogue else "no", "yes" if backend.tf32 else "no",
+                      {True: "yes", False: "no", None: "autotuner's pick"}[backend.fused_epilogue],
+                      "yes" if backend.tf32 else "no",
                       "yes" if status.runs else f"no: {status.reason}")
     console.print(table)
     return 0

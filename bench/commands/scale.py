@@ -10,8 +10,9 @@ from rich.table import Table
 
 from backends.dtypes import TP
 
-from ..scale import CANNOT_RUN, MODES, RULES, WORKLOADS, measure, plot, problem
+from ..scale import MODES, RULES, WORKLOADS, measure, plot, problem
 from ..session import (
+    CANNOT_RUN,
     UsageError,
     add_layer_options,
     add_run_options,

@@ -13,7 +13,13 @@ from rich.table import Table
 from backends.dtypes import GEMM, GEMM_CPU, GEMM_GPU
 
 from ..recording import unwritable_ancestor
-from ..session import UsageError, csv_list, prepare_backends, set_threads
+from ..session import (
+    UsageError,
+    check_timing_options,
+    csv_list,
+    prepare_backends,
+    set_threads,
+)
 from ..style import flops
 from ..timing import SETTLE_MS
 from ..tune import CPU_SHAPES, run_tune, tunable
@@ -33,6 +39,9 @@ def run(args: argparse.Namespace, console: Console) -> int:
     failed; a mistake in the arguments (checked before any work) raises UsageError."""
     if args.threads is not None and args.threads < 1:
         raise UsageError(f"--threads must be >= 1; got {args.threads}")
+    check_timing_options(args.warmup_ms, args.rep_ms)
+    if args.budget is not None and args.budget < 0:
+        raise UsageError(f"--budget must be >= 0 seconds; got {args.budget:g}")
     set_threads(args.threads)
     gpu = prepare_backends(console)
     import backends
