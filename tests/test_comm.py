@@ -354,6 +354,7 @@ def test_gemmlab_comm_sweeps_both_symm_all_reduce_algorithms_at_every_size(tmp_p
     assert all(r["ok"] and r["wrong"] == 0 and r["time_us"] > 0 for r in rows)
 
 
+@needs_mpi
 @pytest.mark.parametrize("name,path", [("symm", "one_shot"), ("symm/one-shot", "one_shot"),
                                        ("symm/two-shot", "two_shot")])
 def test_each_symm_name_takes_its_all_reduce_algorithm(name, path):
@@ -431,6 +432,7 @@ def test_gemmlab_comm_rejects_unknown_names(argv, message):
     assert message in result.stdout, result.stdout
 
 
+@needs_mpi
 def test_graph_timing_needs_cuda():
     from mpi4py import MPI
 
@@ -647,6 +649,7 @@ def test_each_communicator_says_what_it_can_sum_without_being_created():
         tp.comm.reduce_dtypes("gloo")
 
 
+@needs_mpi
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the reason given without a GPU")
 def test_symm_on_a_gpu_says_why_it_cannot_run_here():
     import tp.comm

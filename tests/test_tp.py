@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from test_comm import PROGRAMS, mpirun, needs_mpi
+from torch import nn
 
 pytestmark = needs_mpi
 
@@ -262,3 +263,33 @@ def test_the_gelu_mlp_is_torch_gelu_forward_and_backward(rng):
         torch.testing.assert_close(grads[name], grads_ref[name], msg=name)
     with pytest.raises(ValueError, match="activation must be one of"):
         GPTConfig(activation="swish")
+
+
+def test_a_transformer_layers_chunks_and_sm_margin_reach_every_tp_layer():
+    """Sequence-parallel, the column-parallel layers' all-gather + GEMM is chunked too."""
+    from mpi4py import MPI
+
+    import tp.comm
+    from tp.transformer import TransformerLayer
+
+    comm = tp.comm.create("mpi", MPI.COMM_SELF, "cpu")
+    layer = TransformerLayer(32, 4, comm, chunks=2, sm_margin=8, sequence_parallel=True)
+    names = ("fc_q", "fc_k", "fc_v", "fc_o", "fc1", "fc2")
+    assert {n: (getattr(layer, n).chunks, getattr(layer, n).sm_margin) for n in names} == {
+        n: (2, 8) for n in names}
+
+
+@pytest.mark.parametrize("layer", ["ColumnParallelLinear", "RowParallelLinear"])
+def test_a_master_that_does_not_fit_the_layer_is_a_clear_error(layer):
+    from mpi4py import MPI
+
+    import tp.comm
+    import tp.layers
+
+    comm = tp.comm.create("mpi", MPI.COMM_SELF, "cpu")
+    cls = getattr(tp.layers, layer)
+    with pytest.raises(ValueError, match="master is 4 -> 6; expected 4 -> 4"):
+        cls(4, 4, comm, master=nn.Linear(4, 6))
+    with pytest.raises(ValueError, match="bias=True but the master has no bias"):
+        cls(4, 4, comm, master=nn.Linear(4, 4, bias=False))
+    assert cls(4, 4, comm, bias=False, master=nn.Linear(4, 4, bias=False)).bias is None

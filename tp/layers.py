@@ -98,6 +98,9 @@ class _TPLinear(nn.Module):
         elif (master.in_features, master.out_features) != (in_features, out_features):
             raise ValueError(f"master is {master.in_features} -> {master.out_features}; "
                              f"expected {in_features} -> {out_features}")
+        elif bias and master.bias is None:
+            raise ValueError("bias=True but the master has no bias: pass bias=False, or a "
+                             "master with one")
         self._split, self._part = split, slice(comm.rank * (split_dim // p),
                                                (comm.rank + 1) * (split_dim // p))
         shard = self.shard(master.weight.detach().t())  # of the (in, out) weight
@@ -180,9 +183,10 @@ class ColumnParallelLinear(_TPLinear):
 
     Raises:
         ValueError: ``out_features`` not a multiple of the TP size; an unknown activation;
-            ``overlap`` without asynchronous communication; a master of other sizes; a
-            negative ``sm_margin``; ``gather_output`` with ``sequence_parallel``; in forward,
-            an input whose last dimension is not ``in_features`` (before any GEMM).
+            ``overlap`` without asynchronous communication; a master of other sizes, or
+            without a bias where ``bias``; a negative ``sm_margin``; ``chunks`` < 1;
+            ``gather_output`` with ``sequence_parallel``; in forward, an input whose last
+            dimension is not ``in_features`` (before any GEMM).
     """
 
     def __init__(self, in_features: int, out_features: int, comm, *, bias: bool = True,
@@ -241,10 +245,11 @@ class RowParallelLinear(_TPLinear):
 
     Raises:
         ValueError: ``in_features`` not a multiple of the TP size; ``chunks`` < 1; ``overlap``
-            without asynchronous communication; a master of other sizes; a negative
-            ``sm_margin``; in forward, an input whose last dimension is not the rank's
-            ``in_features / P`` (``input_is_parallel``) or ``in_features``, before any GEMM
-            or communication.
+            without asynchronous communication; a master of other sizes, or without a bias
+            where ``bias``; a negative ``sm_margin``; in forward, an input whose last
+            dimension is not the rank's ``in_features / P`` (``input_is_parallel``) or
+            ``in_features``, or with ``sequence_parallel`` tokens the TP size does not
+            divide, before any GEMM or communication.
     """
 
     def __init__(self, in_features: int, out_features: int, comm, *, bias: bool = True,
@@ -341,10 +346,8 @@ class _RowParallel(torch.autograd.Function):
         reduce_chunks = layer.comm.size > 1
         pending = []
         with annotate(f"{layer.name} forward"):
-            for i in range(layer.chunks):
+            for i in range(layer.chunks):  # empty chunks too: as many collectives on every rank
                 rows = slice(bounds[i], bounds[i + 1])
-                if bounds[i] == bounds[i + 1]:
-                    continue
                 with annotate("compute chunk", payload=i), reserve_sms(layer.sm_margin, x.device):
                     gemm(x[rows], weight, backend=layer.backend, out=out[rows])
                 if not reduce_chunks:

@@ -32,10 +32,12 @@ from .functional import comm_stream
 
 
 def pieces(n: int, chunks: int) -> list[tuple[int, int]]:
-    """The non-empty row ranges (lo, hi) of a token block of ``n`` rows cut into ``chunks``
-    (``chunk_bounds``'s split): the chunks both decompositions run, in order."""
+    """The ``chunks`` row ranges (lo, hi) of a token block of ``n`` rows (``chunk_bounds``'s
+    split; the last ones empty when n < chunks): the chunks both decompositions run, in
+    order. Empty ones too: every rank then issues ``chunks`` collectives, so ranks whose
+    blocks differ meet a shape the call check refuses instead of pairing unrelated calls."""
     bounds = chunk_bounds(n, chunks)
-    return [(lo, hi) for lo, hi in zip(bounds, bounds[1:]) if lo < hi]
+    return list(zip(bounds, bounds[1:]))
 
 
 def all_gather_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, comm, *,
@@ -66,7 +68,7 @@ def all_gather_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
         lo, hi = spans[i]
         return comm.all_gather(x[lo:hi].contiguous(), stream=stream, async_op=overlap)
 
-    pending = start(0) if spans else None
+    pending = start(0)
     for i, (lo, hi) in enumerate(spans):
         current = pending
         if i + 1 < len(spans):

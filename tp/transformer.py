@@ -69,7 +69,8 @@ class TransformerLayer(nn.Module):
     Attention has ``heads`` heads of ``head_dim`` (default hidden / heads), so its width
     heads * head_dim may differ from ``hidden`` (weak scaling widens it). ``activation``: the
     MLP's, ``"relu"`` or ``"gelu"`` (``ColumnParallelLinear``'s ``fc1``). ``chunks`` and
-    ``sm_margin`` go to the row-parallel and overlapped GEMMs (see ``tp.layers``). ``name``
+    ``sm_margin`` go to every TP layer (see ``tp.layers``: the row-parallel GEMMs' chunks,
+    and with ``sequence_parallel`` the column-parallel ones' all-gather + GEMM). ``name``
     prefixes its NVTX ranges (``<name> forward``, ``<name>.attention``) and its TP layers'
     (``<name>.fc_q`` ... ``<name>.fc2``).
 
@@ -88,8 +89,9 @@ class TransformerLayer(nn.Module):
         if heads % comm.size or (head_dim is None and hidden % heads):
             raise ValueError(f"heads={heads} must be a multiple of the TP size {comm.size} and "
                              f"divide hidden={hidden}")
-        common = {"backend": backend, "overlap": overlap, "sm_margin": sm_margin,
-                  "device": device, "dtype": dtype, "sequence_parallel": sequence_parallel}
+        common = {"backend": backend, "overlap": overlap, "chunks": chunks,
+                  "sm_margin": sm_margin, "device": device, "dtype": dtype,
+                  "sequence_parallel": sequence_parallel}
         self.comm, self.sequence_parallel = comm, sequence_parallel
         self.local_heads, self.head_dim = heads // comm.size, head_dim or hidden // heads
         width = heads * self.head_dim
@@ -99,14 +101,14 @@ class TransformerLayer(nn.Module):
                                  name=f"{name}.{fc}", **common)
             for fc in ("fc_q", "fc_k", "fc_v"))
         self.fc_o = RowParallelLinear(width, hidden, comm, master=nn.Linear(width, hidden),
-                                      chunks=chunks, name=f"{name}.fc_o", **common)
+                                      name=f"{name}.fc_o", **common)
         self.ln2 = nn.LayerNorm(hidden, device=device, dtype=dtype)
         inner = mlp_ratio * hidden
         self.fc1 = ColumnParallelLinear(hidden, inner, comm, activation=activation,
                                         master=nn.Linear(hidden, inner), name=f"{name}.fc1",
                                         **common)
         self.fc2 = RowParallelLinear(inner, hidden, comm, master=nn.Linear(inner, hidden),
-                                     chunks=chunks, name=f"{name}.fc2", **common)
+                                     name=f"{name}.fc2", **common)
         self.name = name
 
     def forward(self, x: torch.Tensor, seq_len: int | None = None) -> torch.Tensor:

@@ -8,6 +8,7 @@ import torch
 from mpi4py import MPI
 
 from tp.comm import create
+from tp.layers import ColumnParallelLinear, RowParallelLinear
 from tp.mpi import abort_on_exception
 
 abort_on_exception()
@@ -33,6 +34,15 @@ for name in ("mpi", "ring"):
                  lambda: comm.all_gather(x, out=torch.empty(6, 4)))
     expect_error(ValueError, "out must be",
                  lambda: comm.all_reduce(x, out=torch.empty(6, 4).double()))
+    expect_error(ValueError, "out must not overlap the input", lambda: comm.all_to_all(
+        x, out=x))
+    gathered = torch.empty(12, 4)
+    expect_error(ValueError, "out must not overlap the input", lambda: comm.all_gather(
+        gathered[:6], out=gathered))
+    expect_error(ValueError, "out must not overlap the input", lambda: comm.reduce_scatter(
+        gathered, out=gathered[6:]))
+    expect_error(ValueError, r"out must not overlap the input in memory \(it may be the input",
+                 lambda: comm.all_reduce(gathered[:6], out=gathered[3:9]))
     expect_error(ValueError, "root=5 is not a valid peer", lambda: comm.broadcast(x, 5))
     me = world.Get_rank()
     expect_error(ValueError, f"dst={me} is not a valid peer of rank {me}", lambda: comm.send(x, me))
@@ -54,7 +64,19 @@ for name in ("mpi", "ring"):
                  lambda: (comm.all_reduce, comm.all_gather)[me](torch.ones(4)))
     expect_error(ValueError, "disagree on the call",
                  lambda: comm.reduce_scatter(torch.ones(4 + 2 * me)))
+    # A layer issues as many collectives on every rank, empty chunks included: ranks whose
+    # tokens differ meet the call check (not a chunk of one paired with a later call).
+    for layer in (RowParallelLinear(8, 1, comm, overlap=False, chunks=4),
+                  ColumnParallelLinear(4, 2, comm, overlap=False, chunks=4,
+                                       sequence_parallel=True)):
+        expect_error(ValueError, r"disagree on the call \(rank 0: \w+ float32 \(1, \d\); "
+                     r"rank 1: \w+ float32 \(0, \d\)\)",
+                     lambda: layer(torch.ones(3 - me, layer.weight.shape[0])))
     # Nothing moved: the communicator still works, and the results are right.
+    assert comm.all_gather(torch.ones(0, 4)).shape == (0, 4)  # empty: agreed, nothing moves
+    assert comm.reduce_scatter(torch.ones(0)).shape == (0,)
+    ones = torch.ones(4)
+    assert torch.equal(comm.all_reduce(ones, out=ones), torch.full((4,), 2.0))  # in place
     ones = torch.ones(4)
     assert torch.equal(comm.all_reduce(ones), torch.full((4,), 2.0))
     comm.close()

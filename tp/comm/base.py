@@ -27,9 +27,9 @@ element count to the receiver, which compares them with its own before the data.
 measured by ``gemmlab comm --call-check on,off``.
 
 Two execution models:
-- stream-ordered (NCCL, ring over NCCL): the operation is enqueued on the stream; completion
-  is a CUDA event, so the host never blocks.
-- host-driven (MPI, ring over MPI): the host runs the algorithm. CUDA tensors are staged
+- stream-ordered (NCCL, ring over NCCL, symm on GPUs): the operation is enqueued on the
+  stream; completion is a CUDA event, so the host never blocks.
+- host-driven (MPI, ring over MPI, symm on the CPU): the host runs the algorithm. CUDA tensors are staged
   through pinned host memory unless the backend takes device buffers (a CUDA-aware MPI).
   Asynchronous calls run on one worker thread per communicator, in call order; a synchronous
   collective first waits for the ones still pending (synchronous send/recv do not, so an
@@ -84,7 +84,8 @@ class Communicator(ABC):
     """A group of ranks that can run the collectives above.
 
     Attributes:
-        name: backend name (``"mpi"``, ``"ring/mpi"``, ``"ring/nccl"``, ``"nccl"``).
+        name: backend name (``"mpi"``, ``"ring/mpi"``, ``"ring/nccl"``, ``"nccl"``, or
+            ``"symm"`` and its fixed-algorithm variants: ``tp.comm.BACKENDS``).
         rank, size: this rank and the number of ranks.
         stream_ordered: True when operations are enqueued on CUDA streams (see module doc).
         device_buffers: host-driven backends only: True when CUDA tensors are handed to the
@@ -154,7 +155,8 @@ class Communicator(ABC):
             ValueError: see ``_check``.
         """
         self._check(tensor, reduce=True)
-        out = tensor if out is None else self._check_out(out, tensor, tensor.shape)
+        out = tensor if out is None else self._check_out(out, tensor, tensor.shape,
+                                                         same_allowed=True)
         return self._launch("all_reduce", self._all_reduce, tensor, out, stream, async_op)
 
     def all_gather(self, tensor: torch.Tensor, *, out: torch.Tensor | None = None,
@@ -211,7 +213,10 @@ class Communicator(ABC):
         """Fill ``tensor`` in place with what rank ``src`` sends.
 
         Raises:
-            RuntimeError (transport dependent): the message does not have ``tensor``'s size.
+            ValueError: with the call checks on, the sender's dtype or element count is not
+                ``tensor``'s (before the data moves); see ``_check``.
+            RuntimeError (transport dependent): without them, the message does not have
+                ``tensor``'s size.
         """
         self._check(tensor)
         self._check_peer(src, "src", distinct=True)
@@ -259,12 +264,28 @@ class Communicator(ABC):
                              f"in a group of {self.size}")
 
     @staticmethod
-    def _check_out(out: torch.Tensor, like: torch.Tensor, shape) -> torch.Tensor:
+    def _check_out(out: torch.Tensor, like: torch.Tensor, shape,
+                   same_allowed: bool = False) -> torch.Tensor:
+        """``out`` for an input ``like``: a contiguous tensor of ``shape`` and ``like``'s dtype
+        and device, sharing no memory with ``like`` (``same_allowed``: except being ``like``'s
+        very memory, an in-place all_reduce); a partial overlap would be read after it is
+        written, differently per backend.
+
+        Raises:
+            ValueError: another shape, dtype or device, non-contiguous, or overlapping.
+        """
         if (tuple(out.shape) != tuple(shape) or out.dtype != like.dtype
                 or out.device != like.device or not out.is_contiguous()):
             raise ValueError(f"out must be a contiguous {like.dtype} tensor of shape "
                              f"{tuple(shape)} on {like.device}; got {out.dtype} "
                              f"{tuple(out.shape)} on {out.device}")
+        start, end = like.data_ptr(), like.data_ptr() + like.numel() * like.element_size()
+        out_start = out.data_ptr()
+        out_end = out_start + out.numel() * out.element_size()
+        same = same_allowed and (out_start, out_end) == (start, end)
+        if not same and out_start < end and start < out_end:
+            raise ValueError("out must not overlap the input in memory"
+                             + (" (it may be the input itself)" if same_allowed else ""))
         return out
 
     def _new_or_checked(self, out, like, shape) -> torch.Tensor:
@@ -281,15 +302,21 @@ class Communicator(ABC):
 
         A synchronous host-driven collective first waits for this communicator's pending
         asynchronous work; point-to-point calls do not, so an asynchronous ``send`` can
-        overlap a synchronous ``recv``."""
+        overlap a synchronous ``recv``. A collective of empty tensors moves nothing: once
+        the ranks have agreed on the call, it returns ``dst`` (every rank alike, so a layer
+        issues as many collectives whatever its ranks' chunks hold)."""
+        if stream is not None and not src.is_cuda:  # before any rank communicates
+            raise ValueError("stream= applies to CUDA tensors only")
         with annotate(f"{self.name} {label}"):
             if self._calls is not None:
                 if collective:
                     self._agree(label, src, getattr(op, "root", None))
                 else:
                     op = self._headed(label, op)
+            if collective and src.numel() == 0:
+                return Work(lambda: dst) if async_op else dst
             return self._execute(op, src, dst, stream, async_op, reads_in, reads_out,
-                                         writes_out, collective)
+                                 writes_out, collective)
 
     def _agree(self, label: str, tensor: torch.Tensor, root: int | None) -> None:
         """All ranks compare this collective call (operation, dtype, shape, root) before any
@@ -339,9 +366,7 @@ class Communicator(ABC):
         return headed
 
     def _execute(self, op, src, dst, stream, async_op, reads_in, reads_out, writes_out,
-                         collective):
-        if stream is not None and not src.is_cuda:
-            raise ValueError("stream= applies to CUDA tensors only")
+                 collective):
         # A synchronous stream-ordered call without stream=, on the current device, runs on
         # the current stream as it is: torch's Stream objects and stream context cost
         # microseconds of host time.

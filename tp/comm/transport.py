@@ -14,8 +14,10 @@ from backends.dtypes import DTYPES
 
 from .base import raw_stream
 
-# Each transport owns a duplicated communicator; within it, the ring's own messages and the
+# MpiTransport owns a duplicated MPI communicator; within it, the ring's own messages and the
 # user's send/recv (which may run concurrently on another thread) never match each other.
+# NcclTransport has no tags (NCCL has none): between two ranks, its messages match in the
+# order they are issued.
 RING_TAG, P2P_TAG = 7, 8
 
 
