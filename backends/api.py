@@ -341,6 +341,19 @@ def _check(impl: Backend, a, b, c, activation, out, allow_tf32) -> tuple[int, in
     if len(set(dtypes.values())) > 1:
         raise TypeError(f"all tensors must share one dtype; got {_listing(dtypes)}")
 
+    # The backend's limits, not the machine's: checked where it cannot run too.
+    if impl.max_dim is not None and max(m, n, k) > impl.max_dim:
+        raise ValueError(f"backend {impl.name!r} indexes M, N and K up to {impl.max_dim}; got "
+                         f"M, N, K = {m}, {n}, {k}")
+    if impl.max_offset is not None:
+        # D's offsets as gemm() allocates it (contiguous) when no out is given
+        reach = {"out": m * n - 1, **{label: _span(t) // t.element_size() - 1
+                                      for label, t in tensors.items()}}
+        if max(reach.values()) > impl.max_offset:
+            raise ValueError(f"backend {impl.name!r} indexes at most {impl.max_offset} "
+                             f"elements past an operand's start; got last-element offsets "
+                             f"{_listing(reach)}")
+
     reason = impl.unavailable()
     if reason is not None:
         raise BackendUnavailableError(f"backend {impl.name!r} cannot run here: {reason}")
@@ -352,15 +365,6 @@ def _check(impl: Backend, a, b, c, activation, out, allow_tf32) -> tuple[int, in
     if allow_tf32 and not (impl.tf32 and a.dtype == torch.float32 and a.is_cuda):
         raise ValueError(f"allow_tf32 needs fp32 CUDA tensors and a backend with TF32 "
                          f"(backend {impl.name!r}, {a.dtype} on {a.device})")
-    if impl.max_index is not None:
-        # D's offsets as gemm() allocates it (contiguous) when no out is given
-        reach = {"out": m * n - 1, **{label: _span(t) // t.element_size() - 1
-                                      for label, t in tensors.items()}}
-        if max(*reach.values(), m - 1, n - 1, k - 1) > impl.max_index:
-            raise ValueError(
-                f"backend {impl.name!r} indexes at most {impl.max_index} elements past an "
-                f"operand's start, and M, N, K up to {impl.max_index + 1}; got M, N, K = {m}, "
-                f"{n}, {k} and last-element offsets {_listing(reach)}")
     if out is not None and _self_overlapping(out):
         raise ValueError(f"out must not overlap itself (strides {tuple(out.stride())} for shape "
                          f"{tuple(out.shape)}: several elements of D would share memory)")

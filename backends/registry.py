@@ -17,7 +17,14 @@ from typing import Any
 import torch
 
 from . import cublaslt, torch_backends, torch_compile
-from .cuda import CudaKernel, CudaSpace, cuda_unavailable_reason, sm90a_unavailable_reason
+from .cuda import (
+    MAX_DIM,
+    CudaKernel,
+    CudaSpace,
+    cuda_unavailable_reason,
+    sm80_unavailable_reason,
+    sm90a_unavailable_reason,
+)
 from .problem import Launch, Problem
 
 try:
@@ -57,8 +64,9 @@ class Backend:
             and choose D's and C's maps per launch). Otherwise (``triton_fused``: Triton
             specializes a kernel on its pointers' 16-byte alignment) a binding is for the
             16-byte misalignment of each pointer of its first call.
-        max_index: the largest element offset from an operand's start (D's included) and
-            the largest M, N or K it can index, or None for no limit.
+        max_offset: the largest element offset from an operand's start (D's included) it
+            can index, or None for no limit.
+        max_dim: the largest M, N or K it can index, or None for no limit.
         unavailable: returns why it cannot run on this machine, or None when it can.
         config: returns the configuration of its latest launch (compile-time sizes, the
             autotuner's pick, the library's plan) and, for a backend with ``pin``, which tuned
@@ -83,12 +91,13 @@ class Backend:
     tf32: bool
     strided: bool
     differentiable: bool
-    max_index: int | None
     unavailable: Callable[[], str | None]
     config: Callable[[], str]
     pin: Callable[[dict], Any] | None = None
     search_space: Callable[[str, torch.device], list[dict[str, int]]] | None = None
     default_config: dict[str, int] | None = None
+    max_offset: int | None = None
+    max_dim: int | None = None
     any_address: bool = False
 
     def bind_config(self, problem: Problem, config: dict[str, int] | None,
@@ -158,21 +167,21 @@ _CUDA_RUNGS: tuple[tuple[str, str, CudaKernel], ...] = (
      "the math of tile k",
      CudaKernel("06_pipelined.cu", "gemm_pipelined",
                 {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 16, "WARP_M": 64, "WARP_N": 32,
-                 "TM": 8, "TN": 8, "STAGES": 2, "THREADS": 128},
+                 "TM": 8, "TN": 8, "STAGES": 2, "THREADS": 128}, sm80=True,
                 space=CudaSpace({"BLOCK_M": (64, 128), "BLOCK_N": (64, 128), "BLOCK_K": (8, 16),
                                  "WARP_M": (32, 64), "TM": (8,), "TN": (8,), "STAGES": (2, 3)},
                                 _warp_tiles))),
     ("cuda_wmma", "tensor cores through WMMA 16x16x16 fragments, fp32 accumulate",
      CudaKernel("07_wmma.cu", "gemm_wmma",
                 {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "WARPS_M": 2, "THREADS": 256},
-                dtypes=(torch.float16, torch.bfloat16),
+                dtypes=(torch.float16, torch.bfloat16), sm80=True,
                 space=CudaSpace({"BLOCK_M": (128, 256), "BLOCK_N": (128,), "BLOCK_K": (16, 32),
                                  "WARPS_M": (2, 4), "THREADS": (256,)}))),
     ("cuda_mma", "mma.sync m16n8k16 fed by ldmatrix from a swizzled 4-stage cp.async pipeline",
      CudaKernel("08_mma.cu", "gemm_mma",
                 {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 32, "WARPS_M": 2, "STAGES": 4,
                  "GROUP_M": 8, "THREADS": 256},
-                dtypes=(torch.float16, torch.bfloat16),
+                dtypes=(torch.float16, torch.bfloat16), sm80=True,
                 space=CudaSpace({"BLOCK_M": (128, 256), "BLOCK_N": (128, 256),
                                  "BLOCK_K": (32, 64), "WARPS_M": (2, 4), "STAGES": (3, 4),
                                  "GROUP_M": (8,), "THREADS": (256,)}))),
@@ -246,8 +255,10 @@ def _cuda_backend(name: str, summary: str, kernel: CudaKernel) -> Backend:
 
     return Backend(name, summary, bind, dtypes=kernel.dtypes, devices=("cuda",),
                    fused_epilogue=True, tf32=False, strided=False, differentiable=False,
-                   max_index=None,
-                   unavailable=sm90a_unavailable_reason if kernel.tma else cuda_unavailable_reason,
+                   max_dim=MAX_DIM,
+                   unavailable=(sm90a_unavailable_reason if kernel.tma else
+                                sm80_unavailable_reason if kernel.sm80 else
+                                cuda_unavailable_reason),
                    config=describe, pin=lambda params: _pin_cuda(kernel, params),
                    search_space=None if kernel.space is None else search_space,
                    default_config=dict(kernel.params), any_address=True)
@@ -303,7 +314,8 @@ def _triton_backend() -> Backend:
         bind, dtypes=triton_fused.DTYPES if present else (),
         devices=triton_fused.devices() if present else ("cuda",),
         fused_epilogue=True, tf32=True, strided=True, differentiable=False,
-        max_index=triton_fused.MAX_INDEX if present else None,
+        max_offset=triton_fused.MAX_OFFSET if present else None,
+        max_dim=triton_fused.MAX_DIM if present else None,
         unavailable=triton_fused.unavailable_reason if present else lambda: _TRITON_MISSING,
         config=describe if present else lambda: "", pin=pin if present else None,
         search_space=triton_fused.search_space if present else None)
@@ -317,23 +329,23 @@ LADDER: tuple[Backend, ...] = (
     Backend("cublas", "cuBLAS via torch.mm/addmm (+C as beta=1), then an in-place ReLU",
             torch_backends.bind_cublas, torch_backends.DTYPES, ("cuda", "cpu"),
             fused_epilogue=False, tf32=True, strided=True, differentiable=True,
-            max_index=None, unavailable=_runs_everywhere, config=lambda: "cuBLAS heuristics",
+            unavailable=_runs_everywhere, config=lambda: "cuBLAS heuristics",
             any_address=True),
     Backend("cublaslt", "cuBLASLt with its fused epilogue (C as beta=1, or bias; ReLU) via "
             "nvmath-python", cublaslt.bind, cublaslt.DTYPES, ("cuda",),
             fused_epilogue=True, tf32=True, strided=True, differentiable=False,
-            max_index=None, unavailable=cublaslt.unavailable_reason, config=cublaslt.describe,
+            unavailable=cublaslt.unavailable_reason, config=cublaslt.describe,
             any_address=True),
     Backend("torch_compile", "torch.compile(mode='max-autotune-no-cudagraphs') of "
             "relu(a @ b + c): Inductor's fused Triton templates or cuBLAS",
             torch_compile.bind, torch_compile.DTYPES, ("cuda", "cpu"),
             fused_epilogue=None, tf32=True, strided=True, differentiable=False,
-            max_index=None, unavailable=_runs_everywhere, config=torch_compile.describe,
+            unavailable=_runs_everywhere, config=torch_compile.describe,
             any_address=True),
     Backend("torch_unfused", "torch.relu(a @ b + c) as a user writes it: three kernels",
             torch_backends.bind_unfused, torch_backends.DTYPES, ("cuda", "cpu"),
             fused_epilogue=False, tf32=True, strided=True, differentiable=True,
-            max_index=None, unavailable=_runs_everywhere, config=lambda: "cuBLAS + 2 elementwise",
+            unavailable=_runs_everywhere, config=lambda: "cuBLAS + 2 elementwise",
             any_address=True),
     *(_cuda_backend(*rung) for rung in _CUDA_RUNGS),
     _triton_backend(),

@@ -61,7 +61,8 @@ DTYPES = ((torch.float16, torch.float32) if INTERPRETED
 # Offsets and tile indices are 32-bit: an element 2**31 or more elements past its tensor's
 # start would wrap, and so would a row or column index of a tile past M or N (at most 255
 # past, the largest tile) as M or N nears 2**31, letting the store's mask through.
-MAX_INDEX = 2**31 - 1 - 256
+MAX_OFFSET = 2**31 - 1
+MAX_DIM = 2**31 - 1 - 256
 
 
 def _config(bm, bn, bk, warps, stages, group_m=8):

@@ -110,3 +110,36 @@ def test_wgmma_kernel_needs_sm_90a(tmp_path):
     assert result.returncode != 0
     assert "Instruction 'wgmma.mma_async" in result.stderr
     assert "not supported on .target 'sm_90'" in result.stderr
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not on PATH")
+@pytest.mark.parametrize("name", [n for n, k in CUDA_KERNELS.items() if not k.tma])
+def test_the_rungs_marked_sm80_are_those_that_need_it(name, tmp_path):
+    """Built for sm_75, a rung marked ``sm80`` fails for one of its dtypes at least (cp.async,
+    bf16 tensor-core instructions), and the others build for every dtype: on an older GPU
+    ``gemm()`` then says which rungs cannot run instead of failing to compile."""
+    kernel = CUDA_KERNELS[name]
+    built = []
+    for dtype in kernel.dtypes:
+        cmd = [NVCC, "-cubin", *compile_options("sm_75", kernel.defines(dtype)),
+               "-o", str(tmp_path / "k.cubin"), str(SOURCE_DIR / kernel.source)]
+        built.append(subprocess.run(cmd, capture_output=True, text=True,
+                                    timeout=300).returncode == 0)
+    assert (not all(built)) == kernel.sm80, built
+    assert BACKENDS[name].unavailable.__name__ == (
+        "sm80_unavailable_reason" if kernel.sm80 else "cuda_unavailable_reason")
+
+
+@pytest.mark.parametrize("capability,sm80,sm90a", [
+    ((7, 5), "needs compute capability 8.0 or newer (cp.async, bf16 tensor-core instructions); "
+             "this one is 7.5", "needs a compute capability 9.0 GPU"),
+    ((8, 9), None, "needs a compute capability 9.0 GPU (sm_90a: wgmma, TMA); this one is 8.9"),
+    ((9, 0), None, None)])
+def test_what_each_rung_needs_of_the_gpu(monkeypatch, capability, sm80, sm90a):
+    from backends import cuda
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: capability)
+    reason = cuda._capability_reason.__wrapped__  # uncached: the capability is faked
+    assert reason(0, "sm80") == sm80
+    assert (reason(0, "sm90a") or "").startswith(sm90a or "")
+    assert (reason(0, "sm90a") is None) == (sm90a is None)

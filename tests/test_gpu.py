@@ -216,6 +216,46 @@ def test_every_backend_is_captured_in_a_cuda_graph_and_replays_right(backend, rn
     assert how == "graph" and len(samples) >= 10 and min(samples) > 0
 
 
+@pytest.mark.parametrize("name", [n for n, kernel in CUDA_KERNELS.items() if kernel.tma])
+@pytest.mark.parametrize("k,warm", [(128, True), (128, False), (100, True)])
+def test_a_captured_tma_rung_replays_its_own_maps_after_other_calls(name, k, warm, rng):
+    """A TMA rung's tensor maps of A and B sit in a device buffer its binding caches for a
+    few address pairs. A graph captured with one (cached before the capture, encoded during
+    it, or for operands padded to 16-byte rows: K = 100) must replay right after enough
+    other calls to evict it, with the operands refilled in place."""
+    a, b, _ = random_inputs(256, 256, k, torch.float16, "cuda", None, rng)
+    if warm:
+        gemm(a, b, backend=name)
+    else:  # binds the signature on other tensors: A's and B's maps are new to the capture
+        gemm(*random_inputs(256, 256, k, torch.float16, "cuda", None, rng)[:2], backend=name)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        d = gemm(a, b, backend=name)
+    for _ in range(12):
+        gemm(*random_inputs(256, 256, k, torch.float16, "cuda", None, rng)[:2], backend=name)
+    for t, fresh in zip((a, b), random_inputs(256, 256, k, torch.float16, "cuda", None, rng)):
+        t.copy_(fresh)
+    d.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_matches_reference(d, a, b, None, None)
+
+
+@pytest.mark.parametrize("name", [n for n, kernel in CUDA_KERNELS.items() if kernel.tma])
+def test_tma_rungs_take_one_row_operands_of_any_row_stride(name):
+    """torch calls a (1, n) view with strides (1, 1) (a transposed column) contiguous; a
+    tensor map cannot take its 2-byte row stride: it is copied to a row-major one first. As
+    A with M = 1, and as B with K = 1."""
+    column = torch.randn(64, 1, device="cuda").half()
+    pairs = [(column.t(), torch.randn(64, 72, device="cuda").half()),
+             (torch.randn(72, 1, device="cuda").half(), column.t())]
+    for a, b in pairs:
+        assert a.stride() == (1, 1) or b.stride() == (1, 1)
+        assert_matches_reference(gemm(a, b, backend=name), a, b, None, None)
+
+
 @pytest.mark.parametrize("backend", [b.name for b in backends.LADDER])
 @pytest.mark.parametrize("c_kind", ["full", "bias"])
 def test_a_bound_signature_reads_each_calls_operands(backend, c_kind, rng):

@@ -499,10 +499,26 @@ def test_triton_refuses_what_its_32_bit_offsets_cannot_reach(case):
     else:
         a = torch.ones(2**16, 16, dtype=dtype, device=DEVICE)
         b = torch.ones(16, 2**16, dtype=dtype, device=DEVICE)
-    limit = backends.BACKENDS["triton_fused"].max_index
-    assert limit == 2**31 - 257
-    with pytest.raises(ValueError, match=f"indexes at most {limit} elements past an operand"):
+    impl = backends.BACKENDS["triton_fused"]
+    assert (impl.max_offset, impl.max_dim) == (2**31 - 1, 2**31 - 257)
+    match = {"M": f"indexes M, N and K up to {impl.max_dim}; got M, N, K = 2147483648, 1, 1",
+             "D": f"indexes at most {impl.max_offset} elements past an operand's start; got "
+                  f"last-element offsets out: 4294967295"}[case]
+    with pytest.raises(ValueError, match=match):
         gemm(a, b, backend="triton_fused")
+
+
+@pytest.mark.parametrize("name", sorted(CUDA_KERNELS))
+def test_cuda_rungs_refuse_sizes_their_int_parameters_cannot_hold(name):
+    """M, N, K reach the kernels as int: N = 2**31 would arrive negative and leave D unwritten.
+    Refused before anything is allocated or launched (on CPU too, where the rungs do not run:
+    a backend's limits are checked before whether this machine can run it)."""
+    impl = backends.BACKENDS[name]
+    assert impl.max_dim == 2**31 - 1025 and impl.max_offset is None
+    one = torch.ones(1, 1, dtype=impl.dtypes[0], device=DEVICE)
+    with pytest.raises(ValueError, match="indexes M, N and K up to 2147482623; got M, N, K = "
+                                         "1, 2147483648, 1"):
+        gemm(one, one.expand(1, 2**31), backend=name)
 
 
 def test_out_overlapping_an_input_through_another_storage_is_refused(rng):

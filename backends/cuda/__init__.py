@@ -58,6 +58,9 @@ _MAX_GRID_Y = 65535  # CUDA's limit on gridDim.y, which runs over the tiles alon
 _DTYPE_DEFINES = {torch.float32: (), torch.float16: ("-DGEMM_FP16",),
                   torch.bfloat16: ("-DGEMM_BF16",)}
 MAX_THREADS = 1024  # CUDA's limit per thread block
+# M, N and K reach the kernels as int, and a tile's row or column index runs up to a tile
+# (256 at most) past them: both must stay below 2**31 (element offsets are 64-bit).
+MAX_DIM = 2**31 - 1 - 1024
 
 
 @functools.cache
@@ -118,6 +121,8 @@ class CudaKernel:
             ``params`` must then hold ``BLOCK_M`` and ``BLOCK_K``, the box of A.
         epilogue_maps: the kernel also takes the tensor maps of D and C by value
             (``tma.EpilogueMaps``; see the module doc); needs ``tma``.
+        sm80: uses instructions of compute capability 8.0 (``cp.async``, bf16 tensor-core
+            operations): steps 6-8.
         persistent: the kernel loops over the tiles itself: its grid is min(#SMs, #tiles)
             CTAs along x (``grid`` says how many tiles there are), or #SMs with ``STREAM_K``
             set in ``params`` (the tiles' k-tiles are shared out); with ``CLUSTER_M`` in
@@ -136,6 +141,7 @@ class CudaKernel:
     space: CudaSpace | None = None
     persistent: bool = False
     epilogue_maps: bool = False
+    sm80: bool = False
 
     @property
     def arch_suffix(self) -> str:
@@ -427,15 +433,28 @@ def sm90a_unavailable_reason(device: int | None = None) -> str | None:
     one), or None when it can: sm_90a code runs on compute capability 9.0 only."""
     if (why := cuda_unavailable_reason()) is not None:
         return why
-    return _sm90a_reason(torch.cuda.current_device() if device is None else device)
+    return _capability_reason(torch.cuda.current_device() if device is None else device,
+                              "sm90a")
+
+
+def sm80_unavailable_reason(device: int | None = None) -> str | None:
+    """Why a kernel with ``sm80=True`` cannot run on ``device`` (default: the current one),
+    or None when it can: compute capability 8.0 or newer."""
+    if (why := cuda_unavailable_reason()) is not None:
+        return why
+    return _capability_reason(torch.cuda.current_device() if device is None else device,
+                              "sm80")
 
 
 @functools.cache
-def _sm90a_reason(device: int) -> str | None:
+def _capability_reason(device: int, needs: str) -> str | None:
     capability = torch.cuda.get_device_capability(device)
-    if capability != (9, 0):
+    if needs == "sm90a" and capability != (9, 0):
         return (f"needs a compute capability 9.0 GPU (sm_90a: wgmma, TMA); this one is "
                 f"{capability[0]}.{capability[1]}")
+    if needs == "sm80" and capability < (8, 0):
+        return (f"needs compute capability 8.0 or newer (cp.async, bf16 tensor-core "
+                f"instructions); this one is {capability[0]}.{capability[1]}")
     return None
 
 

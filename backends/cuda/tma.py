@@ -20,7 +20,6 @@ import threading
 from collections import OrderedDict
 
 import torch
-import torch.nn.functional as F
 
 MAP_BYTES = 128  # sizeof(CUtensorMap)
 BOX_N = 64  # columns of a B box: 128 bytes of 16-bit elements, the swizzle span
@@ -53,8 +52,12 @@ def operands(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     def fit(t: torch.Tensor) -> torch.Tensor:
         if _aligned(t):
             return t
+        # A new row-major tensor: F.pad of nothing would clone t's strides, and a one-row
+        # view may have any row stride (a (1, K) transpose has stride (1, 1)).
         per_row = _ALIGN // t.element_size()
-        return F.pad(t, (0, -t.shape[1] % per_row))
+        padded = t.new_zeros(t.shape[0], t.shape[1] + -t.shape[1] % per_row)
+        padded[:, :t.shape[1]] = t
+        return padded
 
     return fit(a), fit(b)
 
@@ -84,15 +87,24 @@ def encode_2d(address: int, dtype: torch.dtype, rows: int, cols: int, row_bytes:
 
 
 def gemm_maps(a: torch.Tensor, b: torch.Tensor, k: int, n: int, block_m: int,
-              block_k: int) -> torch.Tensor:
+              block_k: int, keep: list | None = None) -> torch.Tensor:
     """A uint8 device tensor holding the tensor maps of A, (M, ``k``) in boxes of ``block_m``
     x ``block_k``, and of B, (``k``, ``n``) in boxes of ``block_k`` x ``BOX_N``; ``a`` and
-    ``b`` as ``operands`` returns them (their columns may extend past ``k`` and ``n``)."""
+    ``b`` as ``operands`` returns them (their columns may extend past ``k`` and ``n``).
+
+    ``keep``: while a CUDA graph is captured, the copy to the device comes from pinned host
+    memory (a pageable one cannot be captured), which every replay reads again: it is
+    appended to ``keep``, which the caller holds as long as the graph may replay."""
     size = a.element_size()
     maps = (encode_2d(a.data_ptr(), a.dtype, a.shape[0], k, a.stride(0) * size, block_m,
                       block_k) +
             encode_2d(b.data_ptr(), b.dtype, k, n, b.stride(0) * size, block_k, BOX_N))
-    return torch.frombuffer(bytearray(maps), dtype=torch.uint8).to(a.device)
+    host = torch.frombuffer(bytearray(maps), dtype=torch.uint8)
+    if keep is None:
+        return host.to(a.device)
+    host = host.pin_memory()
+    keep.append(host)
+    return host.to(a.device, non_blocking=True)
 
 
 class LaunchMaps:
@@ -106,6 +118,10 @@ class LaunchMaps:
     reads and a dict look-up; padded operands are new copies, encoded per call (the copies
     and their buffer live until the same thread's next such call, which is after its launch
     has been queued: per thread, as a binding may launch from several).
+
+    A call made while a CUDA graph is captured keeps what the captured launch reads (the
+    maps buffer, padded copies, the pinned source of the maps' copy) for the life of this
+    binding: the graph reads them at every replay, after any number of later calls.
     """
 
     def __init__(self, k: int, n: int, block_m: int, block_k: int, kept: int = 8):
@@ -114,15 +130,22 @@ class LaunchMaps:
         self._maps: OrderedDict[tuple[int, int], tuple[torch.Tensor, tuple[int, int, int]]] = (
             OrderedDict())
         self._padded = threading.local()  # .kept: (maps, padded A, padded B)
+        self._captured: list[torch.Tensor] = []  # read by captured graphs: never released
 
     def __call__(self, a: torch.Tensor, b: torch.Tensor) -> tuple[int, int, int]:
         key = (a.data_ptr(), b.data_ptr())
         hit = self._maps.get(key)
+        capturing = a.is_cuda and torch.cuda.is_current_stream_capturing()
         if hit is not None:
+            if capturing:
+                self._captured.append(hit[0])
             return hit[1]
         pa, pb = operands(a, b)
-        maps = gemm_maps(pa, pb, self.k, self.n, self.block_m, self.block_k)
+        maps = gemm_maps(pa, pb, self.k, self.n, self.block_m, self.block_k,
+                         keep=self._captured if capturing else None)
         addresses = (pa.data_ptr(), pb.data_ptr(), maps.data_ptr())
+        if capturing:
+            self._captured += (maps, pa, pb)
         if pa is a and pb is b:
             self._maps[key] = (maps, addresses)
             if len(self._maps) > self.kept:
