@@ -177,7 +177,7 @@ extern "C" __global__ void signal_and_wait(const unsigned long long* headers, in
 
 # The all-gather copies its own block on a side stream from this many bytes per rank on: on 2
 # H200s that raised busbw at 64 MiB-1 GiB from 180-201 to 200-217 GB/s (call time), and at 1-16
-# MiB the three more host calls cost more than the copy saved (61-65 against 41-57 us per call;
+# MiB the three more host calls cost more than the copy saved (61-66 against 41-57 us per call;
 # bench/results/comm-2xh200-all/ against comm-2xh200-all-gather-side/).
 SIDE_COPY_MIN_BYTES = 32 << 20
 
