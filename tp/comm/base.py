@@ -29,8 +29,9 @@ measured by ``gemmlab comm --call-check on,off``.
 Two execution models:
 - stream-ordered (NCCL, ring over NCCL, symm on GPUs): the operation is enqueued on the
   stream; completion is a CUDA event, so the host never blocks.
-- host-driven (MPI, ring over MPI, symm on the CPU): the host runs the algorithm. CUDA tensors are staged
-  through pinned host memory unless the backend takes device buffers (a CUDA-aware MPI).
+- host-driven (MPI, ring over MPI, symm on the CPU): the host runs the algorithm. CUDA
+  tensors are staged through pinned host memory unless the backend takes device buffers (a
+  CUDA-aware MPI).
   Asynchronous calls run on one worker thread per communicator, in call order; a synchronous
   collective first waits for the ones still pending (synchronous send/recv do not, so an
   asynchronous send can overlap a receive). That needs ``MPI_THREAD_MULTIPLE``.
