@@ -104,9 +104,10 @@ def gemm(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None, *,
             not support; ``allow_tf32`` where it cannot apply; ``out`` overlapping an input
             (by address, whatever storages hold them) or itself (a stride-0 or
             self-overlapping view);
-            an operand too large for the backend's indexing; inputs that require grad under
-            autograd on a backend without a backward; with ``tuned``, a malformed tuned table
-            (the message names the file) or an entry whose config the backend cannot use.
+            an operand too large for the backend's indexing; inputs (or an ``out``) that
+            require grad under autograd on a backend without a backward; with ``tuned``, a
+            malformed tuned table (the message names the file) or an entry whose config the
+            backend cannot use.
         TypeError: an argument that is not a tensor, or not a dense one (a sparse layout);
             mixed dtypes; a dtype the backend does not support.
         BackendUnavailableError: the backend cannot run on this machine (the reason is given).
@@ -222,7 +223,7 @@ def _bind(a, b, c, activation, backend, out, allow_tf32, tuned) -> Plan:
         launch = _readable(launch, p, impl.strided, a, b, c, out)
     if torch.is_autocast_enabled(a.device.type):
         launch = _without_autocast(launch, a.device.type)
-    if not impl.differentiable and _requires_grad(a, b, c):
+    if not impl.differentiable and _requires_grad(a, b, c, out):
         launch = _no_grad_only(launch, impl)
     return Plan(launch, impl.name, spans)
 
@@ -368,13 +369,15 @@ def _check(impl: Backend, a, b, c, activation, out, allow_tf32) -> tuple[int, in
     if out is not None and _self_overlapping(out):
         raise ValueError(f"out must not overlap itself (strides {tuple(out.stride())} for shape "
                          f"{tuple(out.shape)}: several elements of D would share memory)")
-    if not impl.differentiable and torch.is_grad_enabled() and _requires_grad(a, b, c):
+    if not impl.differentiable and torch.is_grad_enabled() and _requires_grad(a, b, c, out):
         raise ValueError(_no_backward(impl))
     return m, n, k
 
 
-def _requires_grad(a, b, c) -> bool:
-    return any(t.requires_grad for t in (a, b, c) if t is not None)
+def _requires_grad(a, b, c, out=None) -> bool:
+    """Whether autograd would record the call: an input requires grad, or ``out`` does (a
+    tensor of a graph, which a backend without a backward would overwrite unseen)."""
+    return any(t.requires_grad for t in (a, b, c, out) if t is not None)
 
 
 def _no_backward(impl: Backend) -> str:

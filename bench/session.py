@@ -6,6 +6,7 @@ user errors as one ``error:`` line (exit status 2)."""
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import signal
 import sys
@@ -94,13 +95,13 @@ def check_timing_options(warmup_ms: float, rep_ms: float, min_reps: int | None =
     """The checks of the timing options ``--warmup-ms``, ``--rep-ms`` and ``--min-reps``.
 
     Raises:
-        UsageError: ``--warmup-ms`` < 0, ``--rep-ms`` <= 0, ``--min-reps`` < 1 (a row with
-            no sample has no median).
+        UsageError: ``--warmup-ms`` < 0, ``--rep-ms`` <= 0, either not finite (a NaN time
+            never ends a loop), ``--min-reps`` < 1 (a row with no sample has no median).
     """
-    if warmup_ms < 0:
-        raise UsageError(f"--warmup-ms must be >= 0; got {warmup_ms:g}")
-    if rep_ms <= 0:
-        raise UsageError(f"--rep-ms must be > 0; got {rep_ms:g}")
+    if not (warmup_ms >= 0 and math.isfinite(warmup_ms)):
+        raise UsageError(f"--warmup-ms must be a finite number >= 0; got {warmup_ms:g}")
+    if not (rep_ms > 0 and math.isfinite(rep_ms)):
+        raise UsageError(f"--rep-ms must be a finite number > 0; got {rep_ms:g}")
     if min_reps is not None and min_reps < 1:
         raise UsageError(f"--min-reps must be >= 1; got {min_reps}")
 

@@ -155,10 +155,12 @@ def test_rounds_below_one_are_refused():
 
 @pytest.mark.parametrize("command,flag,value,message", [
     ("bench", "--min-reps", "0", "--min-reps must be >= 1; got 0"),
-    ("bench", "--rep-ms", "-5", "--rep-ms must be > 0; got -5"),
-    ("tune", "--warmup-ms", "-100", "--warmup-ms must be >= 0; got -100"),
+    ("bench", "--rep-ms", "-5", "--rep-ms must be a finite number > 0; got -5"),
+    ("bench", "--rep-ms", "nan", "--rep-ms must be a finite number > 0; got nan"),
+    ("bench", "--shape", " , ", "--shape ' , ' lists no shape"),
+    ("tune", "--warmup-ms", "-100", "--warmup-ms must be a finite number >= 0; got -100"),
     ("tune", "--budget", "-1", "--budget must be >= 0 seconds; got -1")])
-def test_timing_options_that_cannot_time_are_refused(command, flag, value, message):
+def test_options_that_cannot_time_are_refused(command, flag, value, message):
     """Before any work: a row with no sample has no median, and a negative time means
     nothing."""
     result = gemmlab(command, flag, value)

@@ -118,6 +118,26 @@ def test_a_checkpoint_dir_holding_later_steps_needs_overwrite(runs):
         check("--checkpoint-every", "2")
 
 
+def test_a_checkpoint_dir_that_cannot_be_written_is_refused_before_training(runs, monkeypatch):
+    """Found by writing there (root ignores mode bits; an immutable directory refuses root
+    too), before the first step: not after the last one, losing the run."""
+    import tempfile
+
+    from bench.cli import build_parser
+    from bench.commands.train import _check_checkpoints
+    from bench.session import UsageError
+
+    def refused(**kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", refused)
+    args = build_parser().parse_args(["train", *MODEL, "--checkpoint", str(runs / "ckpt"),
+                                      "--overwrite"])
+    with pytest.raises(UsageError, match=r"--checkpoint .*ckpt is not writable \(Permission "
+                                         r"denied\)"):
+        _check_checkpoints(args, {})
+
+
 def _one_rank():
     from mpi4py import MPI
 

@@ -162,6 +162,8 @@ def test_profile_checks_its_out_before_the_session(tmp_path, tool):
     (("train", "--tp", "3"), "--tp 3 does not divide the 2 ranks"),
     (("train", "--tp", "1", "--dp", "3"), "--tp 1 x --dp 3 must equal the 2 ranks"),
     (("train", "--heads", "3"), "--heads 3 must divide --hidden 128"),
+    (("train", "--lr", "-1"), "--lr must be a finite number > 0; got -1.0"),
+    (("tp", "--ffn-ratio", "nan"), "--ffn-ratio a finite number > 0"),
     (("scale", "strong", "--hidden", "33"), "is not a multiple"),
     (("comm", "--dtype", "float32"), "unknown"),
 ])

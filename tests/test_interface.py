@@ -173,6 +173,25 @@ class TestBadInput:
             with pytest.raises(ValueError, match="allow_tf32"):
                 gemm(a.half(), b.half(), backend=backend, allow_tf32=True)
 
+    def test_an_out_in_an_autograd_graph_is_never_overwritten_unseen(self, backend, rng):
+        """``out`` computed from a tensor that requires grad: a backend without a backward
+        refuses to write it under grad mode (autograd would not see the write, and the
+        graph's gradient would silently be wrong); a differentiable one is seen by autograd,
+        whose backward then refuses the modified tensor."""
+        a, b, _ = random_inputs(4, 6, 5, generator=rng, **ON[backend])
+        x = torch.ones(4, 6, **ON[backend], requires_grad=True)
+        h = x * 2
+        loss = (h * h).sum()
+        if not backends.BACKENDS[backend].differentiable:
+            with pytest.raises(ValueError, match="has no backward"):
+                gemm(a, b, backend=backend, out=h)
+            loss.backward()
+            assert torch.equal(x.grad, torch.full_like(x, 8.0))  # d(4x^2)/dx at 1
+            return
+        with pytest.raises(RuntimeError, match="modified by an inplace operation|out="):
+            gemm(a, b, backend=backend, out=h)
+            loss.backward()
+
     def test_grad_only_through_differentiable_backends(self, backend, rng):
         """Bindings are not keyed on grad mode: a signature bound under ``no_grad`` and
         called again with grad mode on still refuses a backend without a backward, and a

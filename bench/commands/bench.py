@@ -44,6 +44,8 @@ def _selection(args, gpu: bool):
                   else (gb.GPU_SHAPES if gpu else gb.CPU_SHAPES))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    if not shapes:
+        raise UsageError(f"--shape {args.shape!r} lists no shape")
     dtype_names = csv_list(args.dtype) or list(GEMM_GPU if gpu else GEMM_CPU)
     epilogues = tuple(csv_list(args.epilogue))
     names = csv_list(args.backend) or list(backends.BACKENDS)

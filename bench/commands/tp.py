@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 from rich.console import Console
 from rich.table import Table
@@ -24,9 +25,10 @@ from ..session import (
 
 def _check(args) -> None:
     """The arguments' own checks (no rank count needed); raises UsageError."""
-    if min(args.tokens, args.hidden, args.chunks, args.iters) < 1 or args.ffn_ratio <= 0:
+    if (min(args.tokens, args.hidden, args.chunks, args.iters) < 1
+            or not (args.ffn_ratio > 0 and math.isfinite(args.ffn_ratio))):
         raise UsageError("--tokens, --hidden, --chunks and --iters must be >= 1, "
-                         "--ffn-ratio > 0")
+                         "--ffn-ratio a finite number > 0")
     if args.warmup_iters < 0 or args.sm_margin < 0:
         raise UsageError("--warmup-iters and --sm-margin must be >= 0")
 

@@ -8,8 +8,10 @@ import argparse
 import dataclasses
 import functools
 import json
+import math
 import shutil
 import statistics
+import tempfile
 from pathlib import Path
 
 from rich.console import Console
@@ -99,6 +101,11 @@ def _check_checkpoints(args, settings: dict) -> int:
         path = Path(args.checkpoint)
         if path.exists() and not path.is_dir():
             raise UsageError(f"--checkpoint {path} exists and is not a directory")
+        if path.is_dir():
+            try:  # a write, not the mode bits: root, or a read-only or immutable directory
+                tempfile.TemporaryFile(dir=path).close()
+            except OSError as exc:
+                raise UsageError(f"--checkpoint {path} is not writable ({exc.strerror})") from None
         if not path.exists() and (ancestor := unwritable_ancestor(path)) is not None:
             raise UsageError(f"--checkpoint {path} cannot be created: {ancestor} is not a "
                              f"writable directory")
@@ -126,6 +133,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
         if min(args.steps, args.batch, args.seq, args.hidden, args.heads, args.layers) < 1:
             raise UsageError("--steps, --batch, --seq, --hidden, --heads and --layers must "
                              "be >= 1")
+        if not (args.lr > 0 and math.isfinite(args.lr)):
+            raise UsageError(f"--lr must be a finite number > 0; got {args.lr}")
         if args.hidden % args.heads or args.heads % tp_size:
             raise UsageError(f"--heads {args.heads} must divide --hidden {args.hidden} and be "
                              f"a multiple of --tp {tp_size}")
