@@ -43,7 +43,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from .recording import REPO, collect_meta, write_results
+from .recording import REPO, collect_meta, out_problem, write_results
 from .scale import MODES
 from .session import CANNOT_RUN, INTERRUPTED, UsageError, int_list, sigterm_as_ctrl_c
 
@@ -205,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     if "--out" in flags:
         parser.error("--out after -- : the series sets each run's --out (DIR/P<P>)")
+    if (why := out_problem(args.out, overwrite=True)) is not None:  # each P's run replaces its own
+        parser.error(why)
     mpiexec = shlex.split(args.mpiexec or default_mpiexec())
     out = Path(args.out).resolve()
     # Of the series' start: the code that runs, whatever changes in the checkout meanwhile.

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import shlex
 import signal
 import sys
 from collections.abc import Callable
@@ -267,8 +268,8 @@ def mpi_setup(args, console: Console, check: Callable[[str, int], None] | None =
     """The start of every ``mpiexec``-launched command, before any work: kernels in launch
     order (``launch_in_order``), abort-on-exception (``tp.mpi``), the device type
     (``args.device``, or cuda when a GPU is visible) and with it the Triton interpreter
-    policy (set before ``tp`` or ``backends`` is imported), then on every rank the run
-    options and ``check(device_type, ranks)`` (the command's own argument checks, raising
+    policy (set before ``tp`` or ``backends`` is imported), then on every rank the
+    command line (the same on every rank), the run options and ``check(device_type, ranks)`` (the command's own argument checks, raising
     ``UsageError``), agreed between ranks; then the bound GPU or the CPU and the torch
     threads (cores over the ranks on this node).
 
@@ -291,8 +292,12 @@ def mpi_setup(args, console: Console, check: Callable[[str, int], None] | None =
     local = world.Split_type(MPI.COMM_TYPE_SHARED)
     local_ranks = local.Get_size()
     local.Free()
+    argvs = world.allgather(sys.argv[1:])  # ranks run alike only on the same arguments
 
     def checks() -> None:
+        if (other := next((r for r, v in enumerate(argvs) if v != argvs[0]), None)) is not None:
+            raise UsageError(f"the ranks were started with different arguments (rank 0: "
+                             f"{shlex.join(argvs[0])}; rank {other}: {shlex.join(argvs[other])})")
         if device_type == "cuda" and not torch.cuda.is_available():
             raise UsageError("--device cuda but no CUDA GPU is visible")
         check_run_options(args)

@@ -165,6 +165,7 @@ def test_profile_checks_its_out_before_the_session(tmp_path, tool):
     (("train", "--lr", "-1"), "--lr must be a finite number > 0; got -1.0"),
     (("tp", "--ffn-ratio", "nan"), "--ffn-ratio a finite number > 0"),
     (("scale", "strong", "--hidden", "33"), "is not a multiple"),
+    (("scale", "strong", "--workload", ","), "--workload ',' lists no workload"),
     (("comm", "--dtype", "float32"), "unknown"),
 ])
 def test_user_mistakes_under_mpiexec_are_one_error_line(argv, message, tmp_path):
@@ -175,6 +176,23 @@ def test_user_mistakes_under_mpiexec_are_one_error_line(argv, message, tmp_path)
     assert len(errors) == 1 and message in errors[0], text
     # mpiexec's own notice of a non-zero exit may follow; no rank called MPI_Abort
     assert "Traceback" not in text and "MPI_Abort" not in text and "MPI_ABORT" not in text
+
+
+@needs_mpi
+def test_ranks_started_with_different_arguments_are_one_error_line():
+    """An MPMD start where the ranks' arguments differ would run different collectives and
+    hang: refused before any work, on every rank."""
+    common = ["-m", "bench.cli", "tp", "--device", "cpu", "--tokens", "64", "--hidden", "32",
+              "--warmup-iters", "0"]
+    result = subprocess.run(
+        [MPIEXEC, "-n", "1", sys.executable, *common, "--iters", "1", ":", "-n", "1",
+         sys.executable, *common, "--iters", "3"], capture_output=True, text=True, cwd=REPO,
+        timeout=120)
+    text = result.stdout + result.stderr
+    assert result.returncode == 2, text
+    errors = _errors(result.stdout)
+    assert len(errors) == 1 and "the ranks were started with different arguments" in errors[0]
+    assert "--iters 1; rank 1:" in errors[0] and errors[0].endswith("--iters 3)"), text
 
 
 @needs_mpi

@@ -159,6 +159,15 @@ def test_series_skips_what_the_machine_cannot_run_and_stops_at_a_failure(tmp_pat
         ("mlp", 1, 1.0)]
 
 
+def test_series_checks_its_out_before_any_run(tmp_path, capsys):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(SystemExit) as exited:
+        scale_series.main(["strong", "--ranks", "1", "--out", str(tmp_path / "file"), "--",
+                           *TINY])
+    assert exited.value.code == 2
+    assert f"--out {tmp_path / 'file'} exists and is not a directory" in capsys.readouterr().err
+
+
 def test_series_kills_a_run_past_its_timeout(tmp_path, capsys):
     status = scale_series.main(["strong", "--ranks", "2", "--out", str(tmp_path), "--timeout",
                                 "1", "--mpiexec", "sh -c 'sleep 30' sh", "--", *TINY])

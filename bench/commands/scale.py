@@ -33,6 +33,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
     def check(device_type: str, ranks: int) -> None:
         dtype_name = args.dtype or ("bf16" if device_type == "cuda" else "fp32")
         workloads = csv_list(args.workload)
+        if not workloads:
+            raise UsageError(f"--workload {args.workload!r} lists no workload")
         if unknown := [w for w in workloads if w not in WORKLOADS]:
             raise UsageError(f"unknown workload {', '.join(unknown)}; known: "
                              f"{', '.join(WORKLOADS)}")
