@@ -10,7 +10,7 @@ from rich.console import Console
 
 from .commands import COMMANDS
 from .recording import interrupt_all
-from .session import INTERRUPTED, UsageError, sigterm_as_ctrl_c
+from .session import INTERRUPTED, UsageError, interrupts_ignored, sigterm_as_ctrl_c
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,14 +36,16 @@ def main(argv: list[str] | None = None) -> int:
 def run(args: argparse.Namespace, console: Console) -> int:
     """Run parsed ``args``' subcommand; its exit status: 2 after one ``error:`` line for a
     mistake in the arguments; on Ctrl-C (KeyboardInterrupt), the rows that finished are
-    written (``bench.recording.interrupt_all``, marked interrupted) and the status is 130."""
+    written (``bench.recording.interrupt_all``, marked interrupted; further Ctrl-C or SIGTERM
+    ignored meanwhile) and the status is 130."""
     try:
         return args.func(args, console)
     except UsageError as exc:
         console.print(f"error: {exc}", highlight=False, soft_wrap=True)
         return 2
     except KeyboardInterrupt:
-        paths = interrupt_all()
+        with interrupts_ignored():
+            paths = interrupt_all()
         console.print("interrupted" + (f": what finished is in {', '.join(map(str, paths))}"
                                        if paths else ""), highlight=False, soft_wrap=True)
         return INTERRUPTED

@@ -6,6 +6,7 @@ user errors as one ``error:`` line (exit status 2)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import shlex
@@ -37,6 +38,18 @@ def sigterm_as_ctrl_c() -> None:
     """Handle SIGTERM (a job scheduler's or ``timeout``'s stop) as Ctrl-C: a
     ``KeyboardInterrupt``, after which a command writes what finished."""
     signal.signal(signal.SIGTERM, _raise_interrupt)
+
+
+@contextlib.contextmanager
+def interrupts_ignored():
+    """Inside, SIGINT and SIGTERM are ignored: a second Ctrl-C while an interrupted run
+    writes what finished would cut the writing short."""
+    saved = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
 
 
 class CannotRun(UsageError):
@@ -269,9 +282,10 @@ def mpi_setup(args, console: Console, check: Callable[[str, int], None] | None =
     order (``launch_in_order``), abort-on-exception (``tp.mpi``), the device type
     (``args.device``, or cuda when a GPU is visible) and with it the Triton interpreter
     policy (set before ``tp`` or ``backends`` is imported), then on every rank the
-    command line (the same on every rank), the run options and ``check(device_type, ranks)`` (the command's own argument checks, raising
-    ``UsageError``), agreed between ranks; then the bound GPU or the CPU and the torch
-    threads (cores over the ranks on this node).
+    command line (the same on every rank), the run options and ``check(device_type,
+    ranks)`` (the command's own argument checks, raising ``UsageError``), agreed between
+    ranks; then the bound GPU or the CPU and the torch threads (cores over the ranks on
+    this node).
 
     Returns:
         ``(world, device, say)``, ``say`` printing on rank 0 only; or an ``int`` exit status

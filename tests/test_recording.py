@@ -74,3 +74,30 @@ def test_the_meta_is_of_the_runs_start_not_of_its_end(tmp_path, monkeypatch):
     recorder.add({"x": 1})
     meta = json.loads(recorder.finish()[0].read_text())["meta"]
     assert meta["env"]["NCCL_ALGO"] == "Ring"
+
+
+def test_a_second_interrupt_while_writing_is_ignored(tmp_path):
+    """Ctrl-C again while an interrupted run writes what finished (here: during the chart)
+    would lose the chart and end in a traceback: ``gemmlab`` ignores it until it is done."""
+    import os
+    import signal
+    import types
+
+    from bench.cli import run
+
+    def plot_interrupted(rows, path):
+        os.kill(os.getpid(), signal.SIGINT)  # ignored: the chart is still drawn
+        path.write_bytes(b"\x89PNG")
+
+    def command(args, console):
+        Recorder(tmp_path, plot_interrupted).add({"x": 1})
+        raise KeyboardInterrupt
+
+    class Quiet:
+        def print(self, *args, **kwargs):
+            pass
+
+    assert run(types.SimpleNamespace(func=command), Quiet()) == 130
+    assert json.loads((tmp_path / "results.json").read_text())["meta"]["interrupted"] is True
+    assert (tmp_path / "results.png").read_bytes() == b"\x89PNG"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
