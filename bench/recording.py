@@ -13,6 +13,7 @@ import os
 import platform
 import re
 import shlex
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterable
@@ -239,10 +240,13 @@ class Recorder:
     here, when the run starts: the commit, tree state, environment and date of the code that
     ran, whatever changes in the checkout while it runs.
     ``comm``: an MPI job's communicator (an mpi4py ``Comm``), every rank constructing its
-    Recorder with the same ``out``: only rank 0 records on disk, and ``finish`` is collective,
-    returning on every rank once rank 0 has written. ``tp.mpi.abort_on_exception`` aborts a
-    job whose ranks reach their exit more than ``GEMMLAB_EXIT_TIMEOUT`` seconds apart, and
-    rank 0's writing (JSON, CSV and chart) took longer than its 10 s on a loaded machine.
+    Recorder with the same ``out`` and adding the same rows: only rank 0 records on disk, and
+    ``finish`` is collective, returning on every rank once rank 0 has written (
+    ``tp.mpi.abort_on_exception`` aborts a job whose ranks reach their exit more than
+    ``GEMMLAB_EXIT_TIMEOUT`` seconds apart, and rank 0's writing, JSON, CSV and chart, took
+    longer than its 10 s on a loaded machine). ``add`` is collective too: the ranks agree
+    whether any of them was asked to stop (``stop_collectively``), and if so all raise
+    ``KeyboardInterrupt`` there together.
     """
 
     def __init__(self, out: str | Path | None, plot: Callable[[list[dict], Path], None],
@@ -255,6 +259,7 @@ class Recorder:
         self.meta = dict(meta or {})
         self.started = collect_meta() if self.out is not None else {}
         self.rows: list[dict] = []
+        self.stopped_together = False  # every rank of ``comm`` stopped at one add
         self.lines = None
         if self.out is not None:
             self.out.mkdir(parents=True, exist_ok=True)
@@ -264,13 +269,21 @@ class Recorder:
         _OPEN.append(self)
 
     def add(self, row: dict) -> None:
-        """Keep ``row`` and append it to ``results.jsonl`` (flushed: a killed run keeps it)."""
+        """Keep ``row`` and append it to ``results.jsonl`` (flushed: a killed run keeps it).
+
+        Raises:
+            KeyboardInterrupt: with ``comm``, on every rank, once any rank was asked to stop
+                (the row is kept first).
+        """
         self.rows.append(row)
         if self.lines is not None:
             self.lines.write(json.dumps(row) + "\n")
             self.lines.flush()
         if self.progress is not None:
             self.progress(row)
+        if self.comm is not None and self.comm.allreduce(_STOP_ASKED[0], op=_max()):
+            self.stopped_together = True
+            raise KeyboardInterrupt
 
     def extend(self, rows: Iterable[dict]) -> None:
         for row in rows:
@@ -299,16 +312,48 @@ class Recorder:
 
     def interrupt(self) -> list[Path]:
         """``finish`` with what has been added, ``meta["interrupted"] = True``; a chart that
-        cannot be drawn from a partial run is left out rather than lose the rows."""
+        cannot be drawn from a partial run is left out rather than lose the rows. With
+        ``comm``, a barrier follows the writing only where every rank stopped together
+        (``add``): an interrupt that reached one rank alone could wait there forever."""
         self.meta["interrupted"] = True
         try:
-            return self._write()
+            paths = self._write()
         except Exception:  # the plot of a partial run: keep the JSON and CSV written before it
-            return [p for p in (self.out / "results.json", self.out / "results.csv")
-                    if p.exists()] if self.out is not None else []
+            paths = [p for p in (self.out / "results.json", self.out / "results.csv")
+                     if p.exists()] if self.out is not None else []
+        if self.stopped_together:
+            self.comm.Barrier()
+        return paths
 
 
 _OPEN: list[Recorder] = []
+_STOP_ASKED = [False]  # set by stop_collectively's handler on the first SIGINT or SIGTERM
+
+
+def _max():
+    from mpi4py import MPI
+
+    return MPI.MAX
+
+
+def _ask_to_stop(signum, frame) -> None:
+    if _STOP_ASKED[0]:  # the second: stop now, whatever the other ranks do
+        raise KeyboardInterrupt
+    _STOP_ASKED[0] = True
+    print(f"[{signal.Signals(signum).name}] every rank stops after its current row; again to "
+          f"stop this rank now", file=sys.stderr, flush=True)
+
+
+def stop_collectively() -> None:
+    """For an MPI job whose ranks record rows through Recorders with ``comm``: the first
+    SIGINT or SIGTERM a rank gets only asks it to stop, and every rank raises
+    ``KeyboardInterrupt`` at the next row they add together (``Recorder.add``), so no rank
+    leaves a collective its peers are in (a rank blocked in one cannot run its handler until
+    it returns; one that stopped at once left its peers there, and the job ended by the exit
+    guard's abort, without its results files). The second signal stops the rank at once."""
+    _STOP_ASKED[0] = False
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _ask_to_stop)
 
 
 def interrupt_all() -> list[Path]:

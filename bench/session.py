@@ -279,7 +279,8 @@ def launch_in_order() -> None:
 
 def mpi_setup(args, console: Console, check: Callable[[str, int], None] | None = None):
     """The start of every ``mpiexec``-launched command, before any work: kernels in launch
-    order (``launch_in_order``), abort-on-exception (``tp.mpi``), the device type
+    order (``launch_in_order``), abort-on-exception (``tp.mpi``), Ctrl-C and SIGTERM
+    stopping every rank at one row (``bench.recording.stop_collectively``), the device type
     (``args.device``, or cuda when a GPU is visible) and with it the Triton interpreter
     policy (set before ``tp`` or ``backends`` is imported), then on every rank the
     command line (the same on every rank), the run options and ``check(device_type,
@@ -299,7 +300,10 @@ def mpi_setup(args, console: Console, check: Callable[[str, int], None] | None =
 
     from tp.mpi import abort_on_exception, bind_device
 
+    from .recording import stop_collectively
+
     abort_on_exception()
+    stop_collectively()
     world = MPI.COMM_WORLD
     say = console.print if world.Get_rank() == 0 else (lambda *a, **k: None)
 

@@ -178,6 +178,50 @@ def test_user_mistakes_under_mpiexec_are_one_error_line(argv, message, tmp_path)
     assert "Traceback" not in text and "MPI_Abort" not in text and "MPI_ABORT" not in text
 
 
+def _rank_pids(marker: str) -> list[int]:
+    """The Python processes whose command line holds ``marker`` (the ranks, not mpiexec)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError):
+            continue
+        if entry.name.isdigit() and marker.encode() in argv and b"bench.cli" in argv and \
+                Path(argv[0].decode()).name.startswith("python"):
+            pids.append(int(entry.name))
+    return sorted(pids)
+
+
+@needs_mpi
+@pytest.mark.parametrize("target", ["one rank", "mpiexec"])
+def test_ctrl_c_under_mpiexec_stops_every_rank_at_one_row(tmp_path, target):
+    """SIGINT to one rank (or to mpiexec, which passes it on): every rank stops at the same
+    row, rank 0 writes the results marked interrupted, status 130; no rank is left in a
+    collective its peers have left (the exit guard's abort)."""
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        [MPIEXEC, "-n", "2", sys.executable, "-m", "bench.cli", "train", "--device", "cpu",
+         "--tp", "2", "--steps", "100000", "--hidden", "32", "--seq", "16", "--batch", "2",
+         "--layers", "1", "--out", str(out)], cwd=REPO, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True)
+    lines = out / "results.jsonl"
+    deadline = time.monotonic() + 180
+    while not (lines.exists() and lines.read_text().count("\n") >= 3):
+        assert proc.poll() is None, proc.stdout.read()
+        assert time.monotonic() < deadline, "no step finished in 180 s"
+        time.sleep(0.1)
+    ranks = _rank_pids(str(out))
+    assert len(ranks) == 2, ranks
+    os.kill(ranks[-1] if target == "one rank" else proc.pid, signal.SIGINT)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, output
+    assert "MPI_Abort" not in output and "not every rank has reached the end" not in output
+    result = json.loads((out / "results.json").read_text())
+    assert result["meta"]["interrupted"] is True
+    kept = [json.loads(line) for line in lines.read_text().splitlines()]
+    assert result["rows"] == kept and len(kept) >= 3
+
+
 @needs_mpi
 def test_ranks_started_with_different_arguments_are_one_error_line():
     """An MPMD start where the ranks' arguments differ would run different collectives and
