@@ -219,6 +219,33 @@ def test_generate_is_deterministic_for_a_seed_and_greedy_ignores_it(runs):
         2, "error: --prompt must not be empty (the model continues a text)\n")
 
 
+def test_an_incomplete_or_damaged_checkpoint_is_one_error_line(runs, tmp_path):
+    """A copy of the TP 2 checkpoint without one rank's file cannot be resumed, and without
+    (or with a damaged) model.pt cannot be read by generate: each a clear error, before any
+    step."""
+    import shutil
+
+    from bench.cli import build_parser
+    from bench.commands.train import _check_checkpoints
+    from bench.session import UsageError
+    from tp import checkpoint
+
+    copy = tmp_path / "step-00000002"
+    shutil.copytree(runs / "ckpt" / "step-00000002", copy)
+    (copy / "rank-dp0-tp1.pt").unlink()
+    args = build_parser().parse_args(["train", *MODEL, "--tp", "2", "--steps", "4",
+                                      "--resume", str(copy)])
+    settings = checkpoint.read_manifest(copy)["settings"]
+    with pytest.raises(UsageError, match=f"--resume {copy} is incomplete: no rank-dp0-tp1.pt"):
+        _check_checkpoints(args, settings)
+    (copy / "model.pt").write_bytes(b"not a torch file")
+    status, out = _generate(str(copy), "--prompt", "x", "--device", "cpu")
+    assert status == 2 and out.startswith(f"error: cannot load {copy / 'model.pt'}: "), out
+    (copy / "model.pt").unlink()
+    assert _generate(str(copy), "--prompt", "x", "--device", "cpu") == (
+        2, f"error: {copy} is incomplete: no model.pt\n")
+
+
 def test_generate_sees_only_the_last_seq_len_tokens(runs):
     from tp import checkpoint
     from tp.generate import generate

@@ -110,6 +110,15 @@ def read_manifest(path: str | Path) -> dict:
     return manifest
 
 
+def missing(path: str | Path, manifest: dict) -> list[str]:
+    """The files of the checkpoint at ``path`` that its ``manifest`` implies (``model.pt``
+    and a rank file per DP x TP rank of its settings) and that are not there."""
+    settings = manifest["settings"]
+    names = [MODEL, *(_rank_file(d, t) for d in range(settings["dp"])
+                      for t in range(settings["tp"]))]
+    return [name for name in names if not (Path(path) / name).is_file()]
+
+
 def later(directory: str | Path, step: int) -> list[Path]:
     """The complete checkpoints in ``directory`` past ``step`` (a run starting at ``step``
     would otherwise leave another run's later checkpoints beside its own), by step."""

@@ -4,6 +4,7 @@ GPU), printed to stdout."""
 from __future__ import annotations
 
 import argparse
+import pickle
 
 import torch
 from rich.console import Console
@@ -34,11 +35,16 @@ def run(args: argparse.Namespace, console: Console) -> int:
         dtype = checkpoint.read_manifest(found)["settings"]["dtype"]
     except (OSError, ValueError) as exc:
         raise UsageError(str(exc)) from None
+    if not (found / checkpoint.MODEL).is_file():
+        raise UsageError(f"{found} is incomplete: no {checkpoint.MODEL}")
     check_gemm_backend(args.backend, dtype, device_type)
     device = torch.device("cpu") if device_type == "cpu" else torch.device(
         "cuda", torch.cuda.current_device())
-    model, _ = checkpoint.load_dense(found, tp.comm.create("mpi", MPI.COMM_SELF, device),
-                                     device=device, backend=args.backend)
+    try:
+        model, _ = checkpoint.load_dense(found, tp.comm.create("mpi", MPI.COMM_SELF, device),
+                                         device=device, backend=args.backend)
+    except (pickle.UnpicklingError, RuntimeError, EOFError) as exc:  # a damaged model.pt
+        raise UsageError(f"cannot load {found / checkpoint.MODEL}: {exc}") from None
     prompt = torch.tensor(list(args.prompt.encode("utf-8")), dtype=torch.int64)
     ids = generate(model, prompt, args.tokens, temperature=args.temperature,
                    generator=torch.Generator().manual_seed(args.seed))

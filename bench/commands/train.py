@@ -70,10 +70,11 @@ def _check_checkpoints(args, settings: dict) -> int:
     at.
 
     Raises:
-        UsageError: no checkpoint at ``--resume``, one of another run or layout, or at a step
-            that leaves nothing to do; ``--checkpoint-every`` without ``--checkpoint`` or
-            < 1; a ``--checkpoint`` that cannot be written or holds checkpoints past the
-            start (without ``--overwrite``); either with ``--cuda-graph``.
+        UsageError: no checkpoint at ``--resume``, one of another run or layout, one
+            missing a file, or at a step that leaves nothing to do; ``--checkpoint-every``
+            without ``--checkpoint`` or < 1; a ``--checkpoint`` that cannot be written or
+            holds checkpoints past the start (without ``--overwrite``); either with
+            ``--cuda-graph``.
     """
     from tp import checkpoint
 
@@ -93,6 +94,8 @@ def _check_checkpoints(args, settings: dict) -> int:
         if problems := checkpoint.mismatches(manifest["settings"], settings):
             raise UsageError(f"--resume {found} was saved by another run or layout: "
                              + "; ".join(problems))
+        if absent := checkpoint.missing(found, manifest):
+            raise UsageError(f"--resume {found} is incomplete: no {', '.join(absent)}")
         start = manifest["step"]
         if start >= args.steps:
             raise UsageError(f"--resume {found} is at step {start}: --steps {args.steps} (the "
