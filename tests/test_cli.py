@@ -38,6 +38,15 @@ def _errors(text: str) -> list[str]:
     return [line for line in text.splitlines() if line.startswith("error:")]
 
 
+def _wait_for_rows(proc: subprocess.Popen, lines: Path, rows: int, seconds: float) -> None:
+    """Until ``lines`` (a run's results.jsonl) holds ``rows`` rows; ``proc`` must still run."""
+    deadline = time.monotonic() + seconds
+    while not (lines.exists() and lines.read_text().count("\n") >= rows):
+        assert proc.poll() is None, proc.stdout.read()
+        assert time.monotonic() < deadline, f"not {rows} rows in {seconds:g} s"
+        time.sleep(0.1)
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_an_interrupted_bench_keeps_the_rows_that_finished(tmp_path, signum):
     out = tmp_path / "run"
@@ -45,11 +54,7 @@ def test_an_interrupted_bench_keeps_the_rows_that_finished(tmp_path, signum):
                              "--out", str(out)], cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     lines = out / "results.jsonl"
-    deadline = time.monotonic() + 300
-    while not (lines.exists() and lines.read_text().count("\n") >= 2):
-        assert proc.poll() is None, proc.stdout.read()
-        assert time.monotonic() < deadline, "no row finished in 300 s"
-        time.sleep(0.1)
+    _wait_for_rows(proc, lines, 2, seconds=300)
     proc.send_signal(signum)
     output, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130, output
@@ -205,11 +210,7 @@ def test_ctrl_c_under_mpiexec_stops_every_rank_at_one_row(tmp_path, target):
          "--layers", "1", "--out", str(out)], cwd=REPO, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True)
     lines = out / "results.jsonl"
-    deadline = time.monotonic() + 180
-    while not (lines.exists() and lines.read_text().count("\n") >= 3):
-        assert proc.poll() is None, proc.stdout.read()
-        assert time.monotonic() < deadline, "no step finished in 180 s"
-        time.sleep(0.1)
+    _wait_for_rows(proc, lines, 3, seconds=180)
     ranks = _rank_pids(str(out))
     assert len(ranks) == 2, ranks
     os.kill(ranks[-1] if target == "one rank" else proc.pid, signal.SIGINT)

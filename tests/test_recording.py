@@ -12,14 +12,19 @@ def plot(rows, path):
 
 
 class FakeComm:
-    """The two calls a Recorder makes of an mpi4py communicator; ``barriers`` holds, per
-    Barrier, which result files existed when it was called."""
+    """The calls a Recorder makes of an mpi4py communicator; ``barriers`` holds, per Barrier,
+    which result files existed when it was called; ``allreduce`` answers as if another rank
+    had been asked to stop when ``peer_stops``."""
 
-    def __init__(self, rank, out):
+    def __init__(self, rank, out, peer_stops=False):
         self.rank, self.out, self.barriers = rank, out, []
+        self.peer_stops = peer_stops
 
     def Get_rank(self):
         return self.rank
+
+    def allreduce(self, value, op):
+        return max(value, self.peer_stops)
 
     def Barrier(self):
         self.barriers.append(sorted(p.name for p in self.out.glob("results.*")))
@@ -101,3 +106,17 @@ def test_a_second_interrupt_while_writing_is_ignored(tmp_path):
     assert json.loads((tmp_path / "results.json").read_text())["meta"]["interrupted"] is True
     assert (tmp_path / "results.png").read_bytes() == b"\x89PNG"
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+
+
+def test_a_stop_asked_on_any_rank_stops_every_rank_at_the_same_row(tmp_path):
+    """Another rank got Ctrl-C: this one keeps its row, raises KeyboardInterrupt in ``add``
+    (where every rank agrees), and its interrupt waits for the others after writing."""
+    import pytest
+
+    root = FakeComm(0, tmp_path, peer_stops=True)
+    recorder = Recorder(tmp_path, plot, comm=root)
+    with pytest.raises(KeyboardInterrupt):
+        recorder.add({"x": 1})
+    paths = recorder.interrupt()
+    assert json.loads(paths[0].read_text())["rows"] == [{"x": 1}]
+    assert root.barriers == [["results.csv", "results.json", "results.jsonl", "results.png"]]
