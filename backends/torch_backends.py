@@ -73,7 +73,8 @@ def bind_cublas(p: Problem, config=None) -> Launch:
 
     def launch(a, b, c, out):
         if out is None or (torch.is_grad_enabled() and (
-                a.requires_grad or b.requires_grad or (c is not None and c.requires_grad))):
+                a.requires_grad or b.requires_grad or out.requires_grad
+                or (c is not None and c.requires_grad))):
             # no out= keyword: torch's argument parser takes longer over one
             d = torch.mm(a, b) if c is None else torch.addmm(c, a, b)
             d = d.relu_() if relu else d

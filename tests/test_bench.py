@@ -159,7 +159,8 @@ def test_rounds_below_one_are_refused():
     ("bench", "--rep-ms", "nan", "--rep-ms must be a finite number > 0; got nan"),
     ("bench", "--shape", " , ", "--shape ' , ' lists no shape"),
     ("tune", "--warmup-ms", "-100", "--warmup-ms must be a finite number >= 0; got -100"),
-    ("tune", "--budget", "-1", "--budget must be >= 0 seconds; got -1")])
+    ("tune", "--budget", "-1", "--budget must be a finite number >= 0 seconds; got -1"),
+    ("tune", "--budget", "nan", "--budget must be a finite number >= 0 seconds; got nan")])
 def test_options_that_cannot_time_are_refused(command, flag, value, message):
     """Before any work: a row with no sample has no median, and a negative time means
     nothing."""

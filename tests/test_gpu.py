@@ -233,8 +233,10 @@ def test_a_captured_tma_rung_replays_its_own_maps_after_other_calls(name, k, war
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
         d = gemm(a, b, backend=name)
-    for _ in range(12):
-        gemm(*random_inputs(256, 256, k, torch.float16, "cuda", None, rng)[:2], backend=name)
+    others = [random_inputs(256, 256, k, torch.float16, "cuda", None, rng)[:2]
+              for _ in range(12)]  # kept alive: 12 address pairs, more than the 8 cached
+    for x, y in others:
+        gemm(x, y, backend=name)
     for t, fresh in zip((a, b), random_inputs(256, 256, k, torch.float16, "cuda", None, rng)):
         t.copy_(fresh)
     d.fill_(float("nan"))

@@ -278,11 +278,12 @@ class CudaKernel:
                 record[0] = tag
             if out is None:
                 out = empty_like(template)
+            stream = raw_stream(device)
             if maps_of is None:
                 pointers = (a.data_ptr(), b.data_ptr(), 0 if c is None else c.data_ptr(),
                             out.data_ptr())
             else:
-                a_ptr, b_ptr, maps = maps_of(a, b)
+                a_ptr, b_ptr, maps = maps_of(a, b, stream)
                 pointers = (a_ptr, b_ptr, 0 if c is None else c.data_ptr(), out.data_ptr(), maps)
                 if stream_k is not None:  # held until the launch is queued
                     workspace, token = stream_k()
@@ -296,7 +297,6 @@ class CudaKernel:
                               (*pointers[:4], *values[4:9], *pointers[4:],
                                *values[len(pointers) + 5:]), blobs)
                 return out
-            stream = raw_stream(device)
             args.set_pointers(pointers)
             if blobs:
                 args.set_blobs(blobs)

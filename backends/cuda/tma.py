@@ -111,17 +111,21 @@ class LaunchMaps:
     """The operands' addresses and tensor-map buffer of one binding's launches (one shape,
     dtype and strides, so only A's and B's addresses vary between calls, aligned or not).
 
-    ``launch_maps(a, b)`` returns ``(A's address, B's address, maps address)``: of ``a`` and
-    ``b`` as ``operands`` gives them, and of the maps as ``gemm_maps`` encodes them. The
-    buffers of the last ``kept`` address pairs encoded whose operands are used as they are
-    (the aligned case) are kept, so calling again on the same tensors costs two ``data_ptr``
-    reads and a dict look-up; padded operands are new copies, encoded per call (the copies
-    and their buffer live until the same thread's next such call, which is after its launch
-    has been queued: per thread, as a binding may launch from several).
+    ``launch_maps(a, b, stream)`` returns ``(A's address, B's address, maps address)``: of
+    ``a`` and ``b`` as ``operands`` gives them, and of the maps as ``gemm_maps`` encodes
+    them. The buffers of the last ``kept`` address pairs encoded whose operands are used as
+    they are (the aligned case) are kept, so calling again on the same tensors on the
+    default stream costs two ``data_ptr`` reads and a dict look-up; padded operands are new
+    copies, encoded per call (the copies and their buffer live until the same thread's next
+    such call, which is after its launch has been queued: per thread, as a binding may
+    launch from several).
 
-    A call made while a CUDA graph is captured keeps what the captured launch reads (the
-    maps buffer, padded copies, the pinned source of the maps' copy) for the life of this
-    binding: the graph reads them at every replay, after any number of later calls.
+    ``stream``: the raw CUDA stream of the launch. On another than the legacy default stream
+    (0, which cannot be captured) a call asks whether a CUDA graph is being captured; one
+    made during a capture keeps what the captured launch reads (the maps buffer, padded
+    copies, the pinned source of the maps' copy; never the caller's own operands) for the
+    life of this binding: the graph reads them at every replay, after any number of later
+    calls. Each capture of a new or padded pair adds its own, as each graph needs them.
     """
 
     def __init__(self, k: int, n: int, block_m: int, block_k: int, kept: int = 8):
@@ -130,22 +134,26 @@ class LaunchMaps:
         self._maps: OrderedDict[tuple[int, int], tuple[torch.Tensor, tuple[int, int, int]]] = (
             OrderedDict())
         self._padded = threading.local()  # .kept: (maps, padded A, padded B)
-        self._captured: list[torch.Tensor] = []  # read by captured graphs: never released
+        # Read by captured graphs, never released: device tensors by address, pinned sources.
+        self._captured: dict[int, torch.Tensor] = {}
+        self._pinned: list[torch.Tensor] = []
 
-    def __call__(self, a: torch.Tensor, b: torch.Tensor) -> tuple[int, int, int]:
+    def __call__(self, a: torch.Tensor, b: torch.Tensor, stream: int = 0
+                 ) -> tuple[int, int, int]:
         key = (a.data_ptr(), b.data_ptr())
         hit = self._maps.get(key)
-        capturing = a.is_cuda and torch.cuda.is_current_stream_capturing()
+        capturing = stream != 0 and torch.cuda.is_current_stream_capturing()
         if hit is not None:
             if capturing:
-                self._captured.append(hit[0])
+                self._captured[hit[1][2]] = hit[0]
             return hit[1]
         pa, pb = operands(a, b)
         maps = gemm_maps(pa, pb, self.k, self.n, self.block_m, self.block_k,
-                         keep=self._captured if capturing else None)
+                         keep=self._pinned if capturing else None)
         addresses = (pa.data_ptr(), pb.data_ptr(), maps.data_ptr())
         if capturing:
-            self._captured += (maps, pa, pb)
+            self._captured.update((t.data_ptr(), t) for t, own in ((maps, None), (pa, a),
+                                                                   (pb, b)) if t is not own)
         if pa is a and pb is b:
             self._maps[key] = (maps, addresses)
             if len(self._maps) > self.kept:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 import torch
@@ -40,8 +41,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
     if args.threads is not None and args.threads < 1:
         raise UsageError(f"--threads must be >= 1; got {args.threads}")
     check_timing_options(args.warmup_ms, args.rep_ms)
-    if args.budget is not None and args.budget < 0:
-        raise UsageError(f"--budget must be >= 0 seconds; got {args.budget:g}")
+    if args.budget is not None and not (args.budget >= 0 and math.isfinite(args.budget)):
+        raise UsageError(f"--budget must be a finite number >= 0 seconds; got {args.budget:g}")
     set_threads(args.threads)
     gpu = prepare_backends(console)
     import backends

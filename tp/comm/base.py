@@ -280,11 +280,10 @@ class Communicator(ABC):
             raise ValueError(f"out must be a contiguous {like.dtype} tensor of shape "
                              f"{tuple(shape)} on {like.device}; got {out.dtype} "
                              f"{tuple(out.shape)} on {out.device}")
-        start, end = like.data_ptr(), like.data_ptr() + like.numel() * like.element_size()
-        out_start = out.data_ptr()
-        out_end = out_start + out.numel() * out.element_size()
-        same = same_allowed and (out_start, out_end) == (start, end)
-        if not same and out_start < end and start < out_end:
+        start, out_start = like.data_ptr(), out.data_ptr()
+        end, out_end = start + like.nbytes, out_start + out.nbytes
+        if out_start < end and start < out_end and not (
+                same_allowed and (out_start, out_end) == (start, end)):
             raise ValueError("out must not overlap the input in memory"
                              + (" (it may be the input itself)" if same_allowed else ""))
         return out
