@@ -16,7 +16,6 @@ from test_comm import MPIEXEC, mpirun, needs_mpi
 
 from bench import scale_series
 
-pytestmark = needs_mpi
 REPOSITORY = Path(__file__).resolve().parent.parent
 
 # hidden 32, 2 heads (head_dim 16), FFN 4 x 32; 4 sequences of 16 tokens.
@@ -46,6 +45,7 @@ def _check_rows(rows, p):
         assert mlp["comm_ms"] > 0 and layer["comm_ms"] > 0
 
 
+@needs_mpi
 def test_weak_scaling_grows_ffn_and_heads_with_p(tmp_path):
     rows = {}
     for p in (1, 2):
@@ -98,6 +98,7 @@ def test_weak_merge_formulas():
     assert scale_series.merge("weak", {2: rows[2]})[0]["speedup"] is None  # no P = 1
 
 
+@needs_mpi
 @pytest.mark.parametrize("comm", ["symm", "mpi"])
 def test_sequence_parallel_workloads_match_the_dense_ones(tmp_path, comm):
     """With --sequence-parallel each rank holds a block of the tokens: the output and dX
@@ -121,6 +122,7 @@ def test_sequence_parallel_workloads_match_the_dense_ones(tmp_path, comm):
     assert layer["collectives"] == 6 * 8 + 2 + 4
 
 
+@needs_mpi
 def test_sequence_parallel_and_cuda_graph_refuse_what_they_cannot_run():
     odd = mpirun(2, "-m", "bench.cli", "scale", "strong", *TINY, "--tokens", "33", "--seq",
                  "11", "--sequence-parallel")
@@ -131,6 +133,7 @@ def test_sequence_parallel_and_cuda_graph_refuse_what_they_cannot_run():
     assert "--cuda-graph needs --device cuda and a stream-ordered communicator" in graph.stdout
 
 
+@needs_mpi
 def test_a_size_the_tp_degree_does_not_divide_is_an_error():
     result = mpirun(2, "-m", "bench.cli", "scale", "strong", *TINY, "--hidden", "33",
                     "--ffn-ratio", "1", "--workload", "mlp")
@@ -139,6 +142,7 @@ def test_a_size_the_tp_degree_does_not_divide_is_an_error():
         in result.stdout
 
 
+@needs_mpi
 def test_series_skips_what_the_machine_cannot_run_and_stops_at_a_failure(tmp_path, capsys):
     # A launcher that runs P = 1, says P = 2 cannot run (as gemmlab scale does with more
     # ranks than GPUs) and fails at P = 4; P = 8 must not be tried.
@@ -175,6 +179,7 @@ def test_series_kills_a_run_past_its_timeout(tmp_path, capsys):
     assert status == 1 and "P=2: failed: timed out after 1 s" in printed
 
 
+@needs_mpi
 def test_a_series_stopped_by_sigterm_keeps_the_ps_that_finished(tmp_path):
     """SIGTERM while P = 2 runs: its launcher (a process group of its own) is killed, P = 1
     is merged and written as interrupted, exit status 130."""
@@ -219,6 +224,7 @@ def _measure_in_process(dtype_name, **sizes):
                          settings, 1, 0)
 
 
+@needs_mpi
 def test_bf16_is_judged_by_what_tp_adds_to_the_dense_bf16_error():
     """In bf16 the LayerNorms' gradients, sums over 1024 tokens that largely cancel, are off
     the fp32 reference by more than the tolerance with no TP at all: the row passes because
@@ -230,6 +236,7 @@ def test_bf16_is_judged_by_what_tp_adds_to_the_dense_bf16_error():
     assert row["check_ratio"] == 0.5 and row["ok"] and row["step_ms"] > 0
 
 
+@needs_mpi
 def test_a_tp_run_off_the_dense_one_fails_and_is_not_timed(monkeypatch):
     """A TP workload whose fc1 weight is 1% off (the model under test, not the dense runs)
     fails in fp32 and in bf16, where the dense run's own error is large."""
@@ -252,6 +259,7 @@ def test_a_tp_run_off_the_dense_one_fails_and_is_not_timed(monkeypatch):
         assert not row["ok"] and row["check_ratio"] > 1 and "step_ms" not in row, dtype_name
 
 
+@needs_mpi
 def test_a_dense_run_that_overflows_loosens_nothing(monkeypatch):
     """When the dense bf16 run's own results are not finite, the dtype's tolerance alone
     applies: the same bf16 row that passes against a finite dense run then fails."""
@@ -291,6 +299,7 @@ def test_parameter_gradient_errors_are_relative_with_a_floor_for_zero_gradients(
     assert _parameter_errors([weight * float("nan"), zero], [weight, zero])[0] == math.inf
 
 
+@needs_mpi
 def test_recording_keeps_no_tensor_it_was_given_and_replay_gets_its_own():
     """A recorded ``out=`` chunk of a sequence-parallel layer's output kept that output, its
     autograd graph and every parameter's AccumulateGrad node alive; on 2 GPUs the step's

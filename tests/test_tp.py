@@ -10,9 +10,8 @@ import torch.nn.functional as F
 from test_comm import PROGRAMS, mpirun, needs_mpi
 from torch import nn
 
-pytestmark = needs_mpi
 
-
+@needs_mpi
 @pytest.mark.parametrize("ranks,comm", [(2, "mpi"), (4, "mpi"), (2, "ring"), (2, "symm"),
                                         (4, "symm")])
 def test_layers_match_the_dense_layers(ranks, comm):
@@ -27,6 +26,7 @@ def test_layers_match_the_dense_layers(ranks, comm):
         assert f"OK {line} on {ranks} ranks" in result.stdout
 
 
+@needs_mpi
 def test_transformer_layer_tp2_matches_tp1():
     result = mpirun(2, str(PROGRAMS / "transformer.py"))
     assert result.returncode == 0, result.stdout + result.stderr
@@ -35,6 +35,7 @@ def test_transformer_layer_tp2_matches_tp1():
     assert "OK GELU transformer layer TP=2 matches TP=1" in result.stdout
 
 
+@needs_mpi
 def test_gemmlab_tp_on_cpu(tmp_path):
     result = mpirun(2, "-m", "bench.cli", "tp", "--device", "cpu", "--tokens", "96",
                     "--hidden", "32", "--iters", "2", "--warmup-iters", "1", "--out", str(tmp_path))
@@ -55,6 +56,7 @@ def test_gemmlab_tp_on_cpu(tmp_path):
         assert r["chunks"] == (4 if r["layer"] == "row" else 1) and r["sm_margin"] == 0
 
 
+@needs_mpi
 @pytest.mark.parametrize("comm", ["symm", "mpi"])
 def test_gemmlab_tp_sequence_parallel_rows_on_cpu(tmp_path, comm):
     """The SP block and the decomposed overlaps (AG+GEMM, GEMM+RS), each checked before
@@ -79,6 +81,7 @@ def test_gemmlab_tp_sequence_parallel_rows_on_cpu(tmp_path, comm):
     assert "--tokens (95) divisible by the TP size 2" in odd.stdout + odd.stderr
 
 
+@needs_mpi
 @pytest.mark.parametrize("device, comm", [("cpu", "symm"), ("cpu", "mpi")])
 def test_gemmlab_tp_cuda_graph_needs_a_gpu_and_a_stream_ordered_comm(device, comm):
     """--cuda-graph captures collectives, so it takes CUDA tensors and a communicator whose
@@ -116,6 +119,7 @@ def _train(tmp_path, name, ranks, *args):
     return json.loads((out / "results.json").read_text()), result.stdout
 
 
+@needs_mpi
 def test_training_follows_the_single_process_curve_with_any_layout(tmp_path):
     """DP, TP, both, and TP with sequence parallelism (each TP rank's loss is its tokens'
     part of the mean) all follow one process's loss curve."""
@@ -136,6 +140,7 @@ def test_training_follows_the_single_process_curve_with_any_layout(tmp_path):
         assert re.search(r"largest \|loss - reference loss\| over 4 steps", stdout)
 
 
+@needs_mpi
 def test_train_rejects_a_layout_that_does_not_fit(tmp_path):
     result = mpirun(2, "-m", "bench.cli", "train", "--device", "cpu", "--tp", "1", "--dp", "3")
     assert result.returncode == 2
@@ -146,6 +151,7 @@ def test_train_rejects_a_layout_that_does_not_fit(tmp_path):
     assert result.stdout == "error: --batch 5 is not a multiple of the DP size 2\n"
 
 
+@needs_mpi
 def test_train_rejects_sequence_parallelism_on_tokens_the_tp_size_does_not_divide():
     result = mpirun(2, "-m", "bench.cli", "train", "--device", "cpu", "--tp", "2",
                     "--sequence-parallel", "--batch", "3", "--seq", "5", "--steps", "1")
@@ -155,6 +161,7 @@ def test_train_rejects_sequence_parallelism_on_tokens_the_tp_size_does_not_divid
                              "--tp 2\n")
 
 
+@needs_mpi
 @pytest.mark.parametrize("comm", ["mpi", "symm"])
 def test_train_cuda_graph_needs_a_gpu_and_a_stream_ordered_comm(comm):
     """The graph captures the DP and TP collectives: on a CPU it is a usage error, before
@@ -177,6 +184,7 @@ def _one_rank_gpt(sequence_parallel: bool):
     return GPT(config, comm, seed=1, sequence_parallel=sequence_parallel)
 
 
+@needs_mpi
 def test_sequence_parallel_gpt_on_one_rank_is_the_plain_gpt():
     """At TP = 1 the block is every token: the same logits (flattened), loss and
     gradients."""
@@ -205,6 +213,7 @@ def test_sequence_parallel_gpt_refuses_tokens_the_tp_size_does_not_divide():
         model(torch.zeros(3, 5, dtype=torch.int64))
 
 
+@needs_mpi
 def test_train_refuses_a_cuda_graph_on_cpu_before_building_anything():
     from mpi4py import MPI
 
@@ -236,6 +245,7 @@ def _plain_layer(layer, x):
     return x + linear(layer.fc2, F.gelu(linear(layer.fc1, z), approximate="tanh"))
 
 
+@needs_mpi
 def test_the_gelu_mlp_is_torch_gelu_forward_and_backward(rng):
     """The GELU layer (fc1's GEMM with its bias fused, then GELU) against the same layer
     written in plain torch: output, input gradient and every parameter's gradient."""
@@ -265,6 +275,7 @@ def test_the_gelu_mlp_is_torch_gelu_forward_and_backward(rng):
         GPTConfig(activation="swish")
 
 
+@needs_mpi
 def test_a_transformer_layers_chunks_and_sm_margin_reach_every_tp_layer():
     """Sequence-parallel, the column-parallel layers' all-gather + GEMM is chunked too."""
     from mpi4py import MPI
@@ -279,6 +290,7 @@ def test_a_transformer_layers_chunks_and_sm_margin_reach_every_tp_layer():
         n: (2, 8) for n in names}
 
 
+@needs_mpi
 @pytest.mark.parametrize("layer", ["ColumnParallelLinear", "RowParallelLinear"])
 def test_a_master_that_does_not_fit_the_layer_is_a_clear_error(layer):
     from mpi4py import MPI
