@@ -281,7 +281,7 @@ class Recorder:
             self.lines.flush()
         if self.progress is not None:
             self.progress(row)
-        if self.comm is not None and self.comm.allreduce(_STOP_ASKED[0], op=_max()):
+        if self.comm is not None and self.comm.allreduce(_STOP_ASKED[0]):  # a sum: any rank
             self.stopped_together = True
             raise KeyboardInterrupt
 
@@ -328,12 +328,6 @@ class Recorder:
 
 _OPEN: list[Recorder] = []
 _STOP_ASKED = [False]  # set by stop_collectively's handler on the first SIGINT or SIGTERM
-
-
-def _max():
-    from mpi4py import MPI
-
-    return MPI.MAX
 
 
 def _ask_to_stop(signum, frame) -> None:

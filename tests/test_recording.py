@@ -23,8 +23,8 @@ class FakeComm:
     def Get_rank(self):
         return self.rank
 
-    def allreduce(self, value, op):
-        return max(value, self.peer_stops)
+    def allreduce(self, value):
+        return value + self.peer_stops
 
     def Barrier(self):
         self.barriers.append(sorted(p.name for p in self.out.glob("results.*")))
