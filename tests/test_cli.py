@@ -199,16 +199,23 @@ def _rank_pids(marker: str) -> list[int]:
 
 @needs_mpi
 @pytest.mark.parametrize("target", ["one rank", "mpiexec"])
-def test_ctrl_c_under_mpiexec_stops_every_rank_at_one_row(tmp_path, target):
+@pytest.mark.parametrize("device,comm", [
+    ("cpu", "mpi"),
+    # two ranks share the first GPU through CUDA IPC; NCCL would need a GPU per rank
+    pytest.param("cuda", "symm", marks=pytest.mark.gpu),
+])
+def test_ctrl_c_under_mpiexec_stops_every_rank_at_one_row(tmp_path, target, device, comm):
     """SIGINT to one rank (or to mpiexec, which passes it on): every rank stops at the same
     row, rank 0 writes the results marked interrupted, status 130; no rank is left in a
     collective its peers have left (the exit guard's abort)."""
     out = tmp_path / "run"
+    first = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
     proc = subprocess.Popen(
-        [MPIEXEC, "-n", "2", sys.executable, "-m", "bench.cli", "train", "--device", "cpu",
-         "--tp", "2", "--steps", "100000", "--hidden", "32", "--seq", "16", "--batch", "2",
-         "--layers", "1", "--out", str(out)], cwd=REPO, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True)
+        [MPIEXEC, "-n", "2", sys.executable, "-m", "bench.cli", "train", "--device", device,
+         "--comm", comm, "--tp", "2", "--steps", "100000", "--hidden", "32", "--seq", "16",
+         "--batch", "2", "--layers", "1", "--out", str(out)], cwd=REPO,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": first})
     lines = out / "results.jsonl"
     _wait_for_rows(proc, lines, 3, seconds=180)
     ranks = _rank_pids(str(out))
