@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_comm import MPIEXEC, mpirun, needs_mpi
+from test_comm import MPIEXEC, mpirun, needs_mpi, open_mpi
 
 import backends
 from bench import style
@@ -207,7 +207,8 @@ def _rank_pids(marker: str) -> list[int]:
 def test_ctrl_c_under_mpiexec_stops_every_rank_at_one_row(tmp_path, target, device, comm):
     """SIGINT to one rank (or to mpiexec, which passes it on): every rank stops at the same
     row, rank 0 writes the results marked interrupted, status 130; no rank is left in a
-    collective its peers have left (the exit guard's abort)."""
+    collective its peers have left (the exit guard's abort). Open MPI's mpiexec passes a
+    SIGINT on as SIGTERM and exits with 1 itself (seen with 4.1.6)."""
     out = tmp_path / "run"
     first = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
     proc = subprocess.Popen(
@@ -222,7 +223,8 @@ def test_ctrl_c_under_mpiexec_stops_every_rank_at_one_row(tmp_path, target, devi
     assert len(ranks) == 2, ranks
     os.kill(ranks[-1] if target == "one rank" else proc.pid, signal.SIGINT)
     output, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 130, output
+    launcher_status = target == "mpiexec" and open_mpi()
+    assert proc.returncode == (1 if launcher_status else 130), output
     assert "MPI_Abort" not in output and "not every rank has reached the end" not in output
     result = json.loads((out / "results.json").read_text())
     assert result["meta"]["interrupted"] is True

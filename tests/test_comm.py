@@ -1,6 +1,7 @@
 """The communication layer on CPU ranks: every program runs under ``mpiexec`` in a
 subprocess with a timeout, so a hang fails the test instead of blocking the suite."""
 
+import functools
 import json
 import os
 import re
@@ -30,15 +31,20 @@ needs_mpi = pytest.mark.skipif(MPIEXEC is None or not HAS_MPI4PY,
                                reason="needs mpiexec and mpi4py (pip install .[mpi])")
 
 
+@functools.cache
+def open_mpi() -> bool:
+    """Whether ``mpiexec`` is Open MPI's (else MPICH's Hydra, the CI's)."""
+    version = subprocess.run([MPIEXEC, "--version"], capture_output=True, text=True).stdout
+    return "Open MPI" in version or "OpenRTE" in version
+
+
 def mpirun(n: int, *args: str, timeout: int = 180, env: dict | None = None
            ) -> subprocess.CompletedProcess:
     """``mpiexec -n n python args...`` from the repository root, killed after ``timeout``
     (with ``env`` added to the environment). Under Open MPI with ``--quiet``: its own notices
     (a rank that exits non-zero gets a framed one on stderr) would hide whether the program
     wrote anything there."""
-    version = subprocess.run([MPIEXEC, "--version"], capture_output=True, text=True).stdout
-    extra = ["--oversubscribe", "--quiet"] if "Open MPI" in version or "OpenRTE" in version \
-        else []
+    extra = ["--oversubscribe", "--quiet"] if open_mpi() else []
     return subprocess.run([MPIEXEC, *extra, "-n", str(n), sys.executable, *args],
                           capture_output=True, text=True, cwd=REPO, timeout=timeout,
                           env=None if env is None else {**os.environ, **env})
