@@ -233,6 +233,28 @@ def test_ctrl_c_under_mpiexec_stops_every_rank_at_one_row(tmp_path, target, devi
 
 
 @needs_mpi
+def test_ctrl_c_stops_a_comm_sweep_within_its_block_of_sizes(tmp_path):
+    """``gemmlab comm`` records each size as it finishes, so a Ctrl-C stops every rank at the
+    next size, not at the end of the (op, communicator) block, and prints what finished."""
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        [MPIEXEC, "-n", "2", sys.executable, "-m", "bench.cli", "comm", "--device", "cpu",
+         "--comm", "mpi", "-b", "1K", "-e", "64M", "-n", "200", "-w", "1", "--out", str(out)],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = out / "results.jsonl"
+    _wait_for_rows(proc, lines, 1, seconds=180)
+    ranks = _rank_pids(str(out))
+    assert len(ranks) == 2, ranks
+    os.kill(ranks[-1], signal.SIGINT)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, output
+    kept = [json.loads(line) for line in lines.read_text().splitlines()]
+    assert 1 <= len(kept) < 17, output  # 1K to 64M is 17 sizes
+    assert json.loads((out / "results.json").read_text())["rows"] == kept
+    assert "all_reduce | mpi | eager | 2 ranks" in output and "1024" in output
+
+
+@needs_mpi
 def test_ranks_started_with_different_arguments_are_one_error_line():
     """An MPMD start where the ranks' arguments differ would run different collectives and
     hang: refused before any work, on every rank."""

@@ -88,22 +88,24 @@ def run(args: argparse.Namespace, console: Console) -> int:
                 + (" (a CUDA graph needs a stream-ordered communicator)"
                    if timing == "graph" and not comm.stream_ordered else ""))
             continue
-        block = [row for size in steps
-                 if (row := cb.measure(comm, op, size, dtype, device, world, args.iters,
-                                       args.warmup_iters, args.check_every,
-                                       args.seed, timing)) is not None]
-        recorder.extend(block)
         table = Table(title=f"{op} | {label} | {timing} | {world.Get_size()} ranks | "
                       f"{args.dtype} | {device.type}")
         for col in ("size (B)", "count", "type", "time (us)", "algbw (GB/s)",
                     "busbw (GB/s)", "#wrong"):
             table.add_column(col, justify="right")
-        for r in block:
-            timed = ((f"{r['time_us']:.1f}", f"{r['algbw']:.2f}", f"{r['busbw']:.2f}")
-                     if r["ok"] else ("FAIL", "-", "-"))
-            table.add_row(str(r["bytes"]), str(r["count"]), r["dtype"], *timed,
-                          str(r["wrong"]))
-        say(table)
+        try:
+            for size in steps:
+                r = cb.measure(comm, op, size, dtype, device, world, args.iters,
+                               args.warmup_iters, args.check_every, args.seed, timing)
+                if r is None:
+                    continue
+                timed = ((f"{r['time_us']:.1f}", f"{r['algbw']:.2f}", f"{r['busbw']:.2f}")
+                         if r["ok"] else ("FAIL", "-", "-"))
+                table.add_row(str(r["bytes"]), str(r["count"]), r["dtype"], *timed,
+                              str(r["wrong"]))
+                recorder.add(r)  # per size: a Ctrl-C stops the ranks at the next one
+        finally:
+            say(table)  # the sizes that finished, an interrupted block's too
     for comm in comms.values():
         comm.close()
     rows = recorder.rows
