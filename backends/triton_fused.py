@@ -30,8 +30,9 @@ tiles, and ``last_config()`` says why.
 TF32 needs B K-major. Hopper's TF32 ``wgmma`` reads both operands K-major from shared memory
 (only 16-bit types may be transposed there: PTX ISA, ``wgmma.mma_async``). A row-major B is
 N-major, so Triton fills its tiles with 4-byte ``cp.async`` copies that transpose as they go,
-where a K-major B takes 16-byte ones (Triton 3.9's PTX of the 128x128x32 pointer kernel holds
-48 4-byte and 12 16-byte copies; with B K-major, 24 16-byte ones). On an H200 (Triton 3.6) at
+where a K-major B takes 16-byte ones (Triton 3.9's PTX of the 128x128x32 pointer kernel with 8
+warps and 3 stages holds 48 4-byte and 12 16-byte copies; with B K-major, 24 16-byte ones:
+bench/results/triton-ptx-copies/). On an H200 (Triton 3.6) at
 4096^3 and 8192^3 that ran at 23-43% of cuBLASLt's TF32 GEMM, and at 58-88% with B K-major.
 So TF32 calls with an N-major B first copy B K-major (``k_major``, a tiled transpose kernel)
 and run the GEMM on the copy; the copy is part of the call and of its kernel time.
