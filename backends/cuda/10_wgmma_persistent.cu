@@ -31,7 +31,7 @@
 // What it still lacks (cuBLAS's sm90 kernels have it): the epilogue still runs with the
 // tensor cores idle (with 4 stages 1.8-3.1% of the time at 8192^3, 3.4-5.7% at 4096^3, while
 // the mainloop keeps the tensor cores at their peak per cycle: clock64 stamps in
-// bench/results/h200-wgmma-epilogue-passes/probes/). Clusters with TMA multicast are step 11
+// bench/results/h200-wgmma-late-c/probes/timeline3-sustained.txt). Clusters with TMA multicast are step 11
 // (11_wgmma_cluster.cu), this file built with CLUSTER_M = 2: the `CLUSTER_M > 1` branches; the
 // two consumer warpgroups taking turns on whole tiles (CUTLASS's "ping-pong"), so that one's
 // epilogue runs during the other's mainloop, are step 12 (12_wgmma_pingpong.cu), this file
@@ -579,7 +579,7 @@ KERNEL(const elem_t* __restrict__ A, const elem_t* __restrict__ B,
             int gos = 0;  // the waits on c_go_bar so far
             if (prefetch && have) {
                 // The first tile's C is read at the tile's end. Loaded at the kernel's start,
-                // its 64 KiB per CTA (8.4 MB on 132 SMs, all from DRAM) competed with the first
+                // its 64 KiB per CTA (8.65 MB on 132 SMs, all from DRAM) competed with the first
                 // k-tiles' loads and held the first wgmma back by ~2.6 µs at 4096^3 and
                 // 8192^3 (5.5 against 2.9 µs from entry to the first k-tile without a C:
                 // %globaltimer stamps, bench/results/h200-wgmma-first-c/); it waits for the
