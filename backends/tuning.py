@@ -27,6 +27,9 @@ The table is a JSON file, ``backends/tuned.json`` unless the environment variabl
 - ``tflops`` and ``ms``: the entry measured at ``shape`` (TFLOP/s = 2*M*N*K / t);
   ``default_tflops``: the backend's default configuration (Triton's autotuner, the registry's
   tile sizes) measured in the same run, null when it failed.
+- ``git_commit``: the checkout's HEAD, ``-dirty`` when tracked files differed from it;
+  ``declared_commit`` (only when ``$GEMMLAB_GIT_COMMIT`` was set): the commit a copied tree
+  said it was a copy of, as results files record it (``bench.recording.provenance``).
 
 Shape bucket: M, N and K each rounded up to a power of two (1000 -> 1024, 1024 -> 1024,
 1025 -> 2048), so shapes that tile alike share an entry and the table stays small. A call

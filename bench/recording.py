@@ -116,10 +116,16 @@ def provenance() -> dict:
       already imported ``mpi4py.MPI``; else None (importing it would initialise MPI).
     """
     return {**_git(),
-            "declared_commit": os.environ.get("GEMMLAB_GIT_COMMIT") or None,
+            "declared_commit": declared_commit(),
             "env": run_env(os.environ),
             "nccl_version": _nccl_version(),
             "mpi_version": _mpi_version()}
+
+
+def declared_commit() -> str | None:
+    """``$GEMMLAB_GIT_COMMIT``: the commit a copied tree says it is a copy of (not verified);
+    None when unset."""
+    return os.environ.get("GEMMLAB_GIT_COMMIT") or None
 
 
 def git_commit() -> str:

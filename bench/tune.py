@@ -41,7 +41,7 @@ from rich.progress import Progress
 
 from backends.dtypes import DTYPES
 
-from .recording import git_commit
+from .recording import declared_commit, git_commit
 from .timing import SETTLE_MS, kernel_ms
 
 # After the screening pass the fastest FINALISTS candidates, the default and the table's entry
@@ -247,6 +247,7 @@ def run_tune(names: list[str], shapes: list[tuple[int, int, int]], dtype_names: 
     order = random.Random(seed)
     date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     commit = git_commit()
+    declared = {"declared_commit": c} if (c := declared_commit()) else {}
     timing = {"warmup_ms": warmup_ms, "rep_ms": rep_ms, "min_reps": min_reps}
     end = None if budget_s is None else time.monotonic() + budget_s
     rows, problem, operands = [], None, None
@@ -299,6 +300,6 @@ def run_tune(names: list[str], shapes: list[tuple[int, int, int]], dtype_names: 
                               "bucket": row["bucket"], "config": row["best_config"],
                               "tflops": row["best_tflops"], "ms": row["best_ms"],
                               "default_tflops": row["default_tflops"], "shape": [m, n, k],
-                              "date": date, "git_commit": commit}], path)
+                              "date": date, "git_commit": commit, **declared}], path)
                 row["stored"] = True
     return rows

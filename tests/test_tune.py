@@ -402,6 +402,7 @@ def test_run_tune_stores_a_checked_winner_that_gemm_then_uses(table, launches, m
     # Candidates are timed for real; the default reports 1 s, so the best one is stored
     # whatever the noise of CPU times.
     monkeypatch.setattr(tune, "kernel_ms", _default_reports(1000.0, launches))
+    monkeypatch.setenv("GEMMLAB_GIT_COMMIT", "0123abc")  # a copied tree's declared commit
     rows = tune.run_tune(["triton_fused"], [(40, 24, 32)], ["fp32"], DEVICE, budget_s=120,
                          out=table, **FAST)
     (row,) = rows
@@ -414,7 +415,7 @@ def test_run_tune_stores_a_checked_winner_that_gemm_then_uses(table, launches, m
     assert stored["bucket"] == [64, 32, 32] and stored["shape"] == [40, 24, 32]
     assert stored["tflops"] == row["best_tflops"] > 0 and stored["ms"] == row["best_ms"]
     assert stored["default_tflops"] == row["default_tflops"] == 2 * 40 * 24 * 32 / 1e12
-    assert stored["git_commit"] and stored["date"]
+    assert stored["git_commit"] and stored["date"] and stored["declared_commit"] == "0123abc"
 
     a, b, c = random_inputs(33, 30, 17, device=DEVICE, generator=rng)  # the same bucket
     d = gemm(a, b, c, activation="relu", backend="triton_fused")
@@ -431,6 +432,7 @@ def test_run_tune_can_store_the_persistent_kernel_and_gemm_then_runs_it(table, l
         return 0.5 if triton_fused.last_config().endswith("persistent TMA kernel") else 2.0
 
     monkeypatch.setattr(tune, "kernel_ms", fake_kernel_ms)
+    monkeypatch.delenv("GEMMLAB_GIT_COMMIT", raising=False)
     (row,) = tune.run_tune(["triton_fused"], [(40, 24, 32)], ["fp16"], DEVICE, out=table)
     assert row["tried"] == row["candidates"] == 8 and row["failed"] == row["rejected"] == 0
     assert row["default_ms"] == 2.0 and row["best_ms"] == 0.5 and row["stored"]
@@ -441,6 +443,7 @@ def test_run_tune_can_store_the_persistent_kernel_and_gemm_then_runs_it(table, l
     assert stored["config"]["PERSISTENT"] == 1 and stored["config"] == row["best_config"]
     assert stored["tflops"] == pytest.approx(FLOP_40_24_32 / 0.5e-3 / 1e12)
     assert stored["default_tflops"] == pytest.approx(FLOP_40_24_32 / 2e-3 / 1e12)
+    assert "declared_commit" not in stored  # no declared commit, no field
 
     a, b, c = random_inputs(48, 24, 24, torch.float16, DEVICE, generator=rng)  # same bucket
     out = torch.full((48, 24), float("nan"), dtype=torch.float16, device=DEVICE)
