@@ -34,8 +34,10 @@ from other operands, and fail:
 - ``host_ns``: the host's speed while the row ran: ns per call of a Python function that
   does nothing (``interpreter_ns``), timed at the start of every round, the median. The H200
   machine's host changes speed in phases, its interpreter, C code and memory copies all
-  slowing together, by 1.5-2.9x (``bench/results/h200-host-phases/``), and every figure
-  above, Python run per call, moves with it: this says which phase a row met.
+  slowing together (its probe's slow phase: the interpreter 1.7x, C code 1.5x; in its runs
+  72-75, ``host_ns`` 41-47 and 64-72 against the fastest 23.2, 1.8-2.0x and 2.8-3.1x:
+  ``bench/results/h200-host-phases/``), and every figure above, Python run per call, moves
+  with it: this says which phase a row met.
 - ``signature_guard``: which guard found the binding (``backends.signature``).
 - ``config``: what the backend ran (``Backend.config()`` after the checked calls: the
   autotuner's pick for triton_fused, the kernel's tile sizes, the cuBLASLt plan).
@@ -65,7 +67,10 @@ from .gemm_bench import random_operand
 
 # 32^3: each kernel takes the GPU less time than the host takes to issue it, so the loop
 # measures the host. At 128^3 some kernels outlast their launch and the queue stays busy;
-# on the H200 machine that made the same calls cost the host 3-6 µs more each.
+# on the H200 machine the same wrapped calls took 0.7-3.9 µs more each for the CUDA C rungs,
+# 5.3 for triton_fused, 9.5-29.7 for the torch and cuBLAS ones (wrapped_us of
+# bench/results/h200-overhead/ at 128^3, commit b7bb018, against the 32^3 run four minutes
+# later: `git show eb6d44b:bench/results/h200-overhead-32/results.json`).
 SHAPE = (32, 32, 32)
 # Targets of the cheap-gemm() work, in µs per call: gemm() over the wrapped call, and gemm()
 # in all for triton_fused, for the CUDA C kernels, and the tuned look-up.

@@ -213,7 +213,8 @@ def overhead_table(directory: str) -> str:
 # the fastest wrapped call of that row in the table (the host alternates between a fast and a
 # slow speed: the README's "A cheap gemm()"); in runs that timed the host's speed itself
 # (``host_ns``), when that was at most FAST_HOST times the fastest of the table's rows (its
-# slower speeds are 1.5-2.9x the fastest: bench/results/h200-host-phases/).
+# slower speeds, host_ns 41-47 and 64-72 against 23.2, are 1.8-2.0x and 2.8-3.1x the fastest:
+# bench/results/h200-host-phases/run-7*/results.json).
 FAST_SPEED = 1.3
 FAST_HOST = 1.2
 

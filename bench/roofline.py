@@ -7,9 +7,10 @@ insightful visual performance model for multicore architectures", CACM 2009).
   replay).
 - Memory ceiling: a device-to-device copy of 1 GiB, counting the bytes read and written,
   timed eagerly (``do_bench``): captured in a CUDA graph the copy becomes a memcpy node,
-  which measured 2.70 TB/s against 4.22 TB/s eager on the H200 (runs at commits 10bbff3 and
-  6d5e28a; not investigated further); at half a millisecond per copy the host is not in the
-  eager time.
+  which measured 2.70 TB/s against 4.22 TB/s eager on the H200 (bandwidth_gbps 2698.2, run
+  at commit 10bbff3: ``git show eb6d44b:bench/results/h200-ladder/results.json``; 4224.3,
+  commit 6d5e28a: ``bench/results/h200-ladder-6d5e28a/results.json``; not investigated
+  further); at half a millisecond per copy the host is not in the eager time.
 - A row's arithmetic intensity = 2*M*N*K FLOP / the bytes it must move at least: A, B and C
   (a full C or a bias) read once and D written once, in the row's dtype.
 """

@@ -13,7 +13,8 @@
   the samples start. Under its 700 W limit an H200 takes 15% less time for an 8192³ fp16 GEMM
   in its first 25 ms after idling than after a second of load, and is still slowing down
   25-125 ms in, where the samples of a 25 ms warm-up fall: there ladder step 10 ran at 0.96-0.98x
-  cuBLASLt, and at 1.009x after a second (``bench/results/h200-sustained-clock/``).
+  cuBLASLt, at 1.009-1.010x 1-2 s in and 1.007x 2-3 s in (the two runs of each in
+  ``bench/results/h200-sustained-clock/power.txt``).
 - ``call_samples``: **call time**, one eager call issued to an idle GPU (synchronize, record
   a start event, call, record an end event; L2 flushed as above): the host's launch path
   plus the work, what one isolated call costs a program.

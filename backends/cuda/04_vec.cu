@@ -27,7 +27,7 @@
 //   float4 otherwise: correct at any M, N, K, fast when K and N are multiples of 4.
 //   Elements outside A and B are staged as zeros, so partial tiles need no special case.
 // BLOCK_K stays at 8 here, as in cuda_regblock, to isolate the technique. Measured numbers:
-// the README's ladder tables (bench/results/h200-ladder).
+// the README's ladder tables (bench/results/h200-ladder-fp32).
 #include "common.cuh"
 
 #ifndef BLOCK_M

@@ -21,7 +21,7 @@
 // 16-byte loads (rows of A and B 16-byte aligned: K % 4 == 0 and N % 4 == 0) or per-element
 // checked loads; zeros outside A and B.
 // Much of the gain over cuda_vec's defaults is BLOCK_K = 16 (measured numbers: the README's
-// ladder tables, bench/results/h200-ladder). The step that pays off the warp tiling is
+// ladder tables, bench/results/h200-ladder-fp32). The step that pays off the warp tiling is
 // cuda_pipelined.
 // Follows siboehm/SGEMM_CUDA kernel 10 ("warptiling") and the thread block / warp / thread
 // tiling of CUTLASS's "Efficient GEMM in CUDA" documentation.

@@ -28,7 +28,7 @@
 // Tile shape: a 64 x 128 block tile of 4 warps (64 x 32 each, 8 x 8 per thread) needs about
 // 168 registers per thread, so 3 blocks (12 warps, 3 x 26 KiB of shared memory) share an SM
 // and overlap each other's barriers. At 128 x 128 with 8 warps (~170 registers) only one
-// block fits. Measured numbers: the README's ladder tables (bench/results/h200-ladder).
+// block fits. Measured numbers: the README's ladder tables (bench/results/h200-ladder-fp32).
 // Follows the multistage cp.async mainloop of CUTLASS (sm80 pipelines), siboehm/SGEMM_CUDA
 // kernels 11-12 ("double buffering"), and the PTX ISA on cp.async, cp.async.commit_group
 // and cp.async.wait_group.

@@ -21,7 +21,7 @@
 // - Fragment layout in registers is opaque in WMMA, so the epilogue stores each accumulator
 //   fragment to a per-warp fp32 scratch tile in shared memory (reusing the operand buffers)
 //   and applies C, ReLU and the bounds checks from there.
-// Measured numbers: the README's ladder tables (bench/results/h200-ladder).
+// Measured numbers: the README's ladder tables (bench/results/h200-ladder-fp16, -bf16).
 // Alignment: 16-byte global loads need 16-byte aligned rows, i.e. K % 8 == 0 for A and
 // N % 8 == 0 for B, and a 16-byte aligned base; otherwise that operand is read element by
 // element with zeros outside the matrix (and D, likewise, stored element by element). Any

@@ -4,8 +4,9 @@
 //
 // In steps 10 and 11 both consumer warpgroups compute one 128 x 256 tile (64 rows each) and
 // finish it together: the whole SM then runs the epilogue with the tensor cores idle, about
-// 4,300 cycles per tile with ReLU(A @ B + C) against a mainloop of 65,000 at 4096^3 (clock64
-// stamps, bench/results/h200-wgmma-late-c/probes/), 1.8-5.7% of the time. Here a tile is
+// 4,240 cycles per tile with ReLU(A @ B + C) against a mainloop of ~67,000 at 4096^3 with 4
+// stages (clock64 stamps, bench/results/h200-wgmma-late-c/probes/timeline3-sustained.txt),
+// 1.8-5.7% of the time at 4096^3 and 8192^3 with and without C. Here a tile is
 // 64 x 256 and each warpgroup computes every other tile of the CTA on its own (one
 // m64n256k16 per k16 step, 128 accumulators per thread as before): warpgroup 0 takes the
 // CTA's tiles 0, 2, 4, ..., warpgroup 1 tiles 1, 3, 5, .... The producer fills the stages in
@@ -44,9 +45,10 @@
 // The wait for its turn is a warpgroup's one long wait (the rest of the other's mainloop
 // after its own epilogue): with try_wait's suspend-time hint it sleeps between polls, as
 // CUTLASS's barriers do. Measured on the H200 against the polling wait, both built with a
-// probe's other change (9 rounds, bench/results/h200-wgmma-wait-hint/): -0.4 to +2.3 points
-// of the best cuBLAS, median +0.55, up in 12 of 16 rows. Steps 10 and 11 keep polling: the
-// hint on every wait of theirs moved them -2.3 to +2.7 points, no better on the whole.
+// probe's other change (9 rounds, bench/results/h200-wgmma-wait-hint/ab14.txt, `tree` -
+// `desc`): -0.4 to +2.3 points of the best cuBLAS, median +0.50, up in 12 of 16 rows. Steps
+// 10 and 11 keep polling: the hint on every wait of theirs moved them -2.3 to +2.7 points, no
+// better on the whole.
 // References: CUTLASS's sm90 "KernelTmaWarpSpecializedPingpong" (math warpgroups alternating
 // over tiles, its ordered barrier between them); PTX ISA, "mbarrier.try_wait.parity"
 // (phase parity); the references of 10_wgmma_persistent.cu.

@@ -342,8 +342,10 @@ class KernelArgs:
             raise RuntimeError("KernelArgs packs int parameters for little-endian hosts")
         self._slot_memory = (ctypes.c_uint64 * len(values))(*values)
         base = ctypes.addressof(self._slot_memory)
-        # Writes go through memoryviews of the buffers: an item or slice store is a C call
-        # of ~0.1 µs, where ctypes' item stores and memmove took ~0.2 and ~0.5 (2-core CPU).
+        # Writes go through memoryviews of the buffers: writing the 256 bytes of maps took
+        # 0.10-0.20 µs as a slice store against 0.66-0.79 by ctypes.memmove (2-core CPU
+        # development machine: bench/results/h200-overhead-kernel-args/README.md); item
+        # stores were not timed.
         self.slots = memoryview(self._slot_memory).cast("B").cast("Q")
         self._blob_memory = ctypes.create_string_buffer(BLOB_BYTES * blobs + 64)
         blob_base = -(-ctypes.addressof(self._blob_memory) // 64) * 64
