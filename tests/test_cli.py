@@ -233,14 +233,21 @@ def test_ctrl_c_under_mpiexec_stops_every_rank_at_one_row(tmp_path, target, devi
 
 
 @needs_mpi
-def test_ctrl_c_stops_a_comm_sweep_within_its_block_of_sizes(tmp_path):
+@pytest.mark.parametrize("device,comm,iters", [
+    ("cpu", "mpi", "200"),
+    # two ranks share the first GPU; more iterations keep its sizes from ending first
+    pytest.param("cuda", "symm", "2000", marks=pytest.mark.gpu),
+])
+def test_ctrl_c_stops_a_comm_sweep_within_its_block_of_sizes(tmp_path, device, comm, iters):
     """``gemmlab comm`` records each size as it finishes, so a Ctrl-C stops every rank at the
     next size, not at the end of the (op, communicator) block, and prints what finished."""
     out = tmp_path / "run"
+    first = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
     proc = subprocess.Popen(
-        [MPIEXEC, "-n", "2", sys.executable, "-m", "bench.cli", "comm", "--device", "cpu",
-         "--comm", "mpi", "-b", "1K", "-e", "64M", "-n", "200", "-w", "1", "--out", str(out)],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        [MPIEXEC, "-n", "2", sys.executable, "-m", "bench.cli", "comm", "--device", device,
+         "--comm", comm, "-b", "1K", "-e", "64M", "-n", iters, "-w", "1", "--out", str(out)],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": first})
     lines = out / "results.jsonl"
     _wait_for_rows(proc, lines, 1, seconds=180)
     ranks = _rank_pids(str(out))
@@ -251,7 +258,7 @@ def test_ctrl_c_stops_a_comm_sweep_within_its_block_of_sizes(tmp_path):
     kept = [json.loads(line) for line in lines.read_text().splitlines()]
     assert 1 <= len(kept) < 17, output  # 1K to 64M is 17 sizes
     assert json.loads((out / "results.json").read_text())["rows"] == kept
-    assert "all_reduce | mpi | eager | 2 ranks" in output and "1024" in output
+    assert f"all_reduce | {comm} | eager | 2 ranks" in output and "1024" in output
 
 
 @needs_mpi
