@@ -138,8 +138,8 @@ def test_the_rungs_marked_sm80_are_those_that_need_it(name, tmp_path):
 def test_what_each_rung_needs_of_the_gpu(monkeypatch, capability, sm80, sm90a):
     from backends import cuda
 
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: capability)
-    reason = cuda._capability_reason.__wrapped__  # uncached: the capability is faked
-    assert reason(0, "sm80") == sm80
-    assert (reason(0, "sm90a") or "").startswith(sm90a or "")
-    assert (reason(0, "sm90a") is None) == (sm90a is None)
+    monkeypatch.setattr(cuda, "cuda_unavailable_reason", lambda: None)  # a GPU, faked
+    monkeypatch.setattr(cuda, "_capability", lambda device: capability)
+    assert cuda.sm80_unavailable_reason(0) == sm80
+    assert (cuda.sm90a_unavailable_reason(0) or "").startswith(sm90a or "")
+    assert (cuda.sm90a_unavailable_reason(0) is None) == (sm90a is None)

@@ -433,31 +433,31 @@ def use_launcher(name: str):
 def sm90a_unavailable_reason(device: int | None = None) -> str | None:
     """Why an sm_90a kernel (``tma=True``) cannot run on ``device`` (default: the current
     one), or None when it can: sm_90a code runs on compute capability 9.0 only."""
-    if (why := cuda_unavailable_reason()) is not None:
-        return why
-    return _capability_reason(torch.cuda.current_device() if device is None else device,
-                              "sm90a")
+    return _capability_reason(device, lambda capability: capability == (9, 0),
+                              "needs a compute capability 9.0 GPU (sm_90a: wgmma, TMA)")
 
 
 def sm80_unavailable_reason(device: int | None = None) -> str | None:
     """Why a kernel with ``sm80=True`` cannot run on ``device`` (default: the current one),
     or None when it can: compute capability 8.0 or newer."""
+    return _capability_reason(device, lambda capability: capability >= (8, 0),
+                              "needs compute capability 8.0 or newer (cp.async, bf16 "
+                              "tensor-core instructions)")
+
+
+def _capability_reason(device: int | None, runs: Callable[[tuple[int, int]], bool],
+                       needs: str) -> str | None:
+    """No CUDA's reason, else None where ``runs`` accepts the device's compute capability,
+    else ``needs`` with the capability it has."""
     if (why := cuda_unavailable_reason()) is not None:
         return why
-    return _capability_reason(torch.cuda.current_device() if device is None else device,
-                              "sm80")
+    capability = _capability(torch.cuda.current_device() if device is None else device)
+    return None if runs(capability) else f"{needs}; this one is {capability[0]}.{capability[1]}"
 
 
 @functools.cache
-def _capability_reason(device: int, needs: str) -> str | None:
-    capability = torch.cuda.get_device_capability(device)
-    if needs == "sm90a" and capability != (9, 0):
-        return (f"needs a compute capability 9.0 GPU (sm_90a: wgmma, TMA); this one is "
-                f"{capability[0]}.{capability[1]}")
-    if needs == "sm80" and capability < (8, 0):
-        return (f"needs compute capability 8.0 or newer (cp.async, bf16 tensor-core "
-                f"instructions); this one is {capability[0]}.{capability[1]}")
-    return None
+def _capability(device: int) -> tuple[int, int]:
+    return tuple(torch.cuda.get_device_capability(device))
 
 
 @functools.cache
