@@ -141,7 +141,10 @@ def git_commit() -> str:
 def _program() -> list[str]:
     """How this process was started, as a user would type it: ``gemmlab`` (the console
     script, or ``python3 -m bench.cli``), ``python3 -m <module>`` for another module of the
-    repository (``bench.train_stages``, ``profiling.overhead``), else the script's name."""
+    repository (``bench.train_stages``, ``profiling.overhead``), ``python3 -c CODE`` for
+    code given on the command line, else the script's name."""
+    if sys.argv[0] == "-c":  # the code is only in the interpreter's own command line
+        return ["python3", "-c", sys.orig_argv[sys.orig_argv.index("-c") + 1]]
     script = Path(sys.argv[0])
     try:
         module = script.resolve().relative_to(REPO)

@@ -211,3 +211,13 @@ def test_the_recorded_command_is_how_the_process_was_started(monkeypatch, argv0,
 
     monkeypatch.setattr(sys, "argv", [argv0, "a b", "--out", "runs/x"])
     assert collect_meta()["command"] == f"{program} 'a b' --out runs/x"
+
+
+def test_code_given_with_python_c_is_recorded(monkeypatch):
+    from bench.recording import collect_meta
+
+    code = "import sys; from bench.cli import main; sys.exit(main())"
+    monkeypatch.setattr(sys, "argv", ["-c", "bench", "--out", "runs/x"])
+    monkeypatch.setattr(sys, "orig_argv", ["python3", "-X", "dev", "-c", code, "bench", "--out",
+                                           "runs/x"])
+    assert collect_meta()["command"] == f"python3 -c '{code}' bench --out runs/x"
