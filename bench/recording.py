@@ -143,8 +143,9 @@ def _program() -> list[str]:
     script, or ``python3 -m bench.cli``), ``python3 -m <module>`` for another module of the
     repository (``bench.train_stages``, ``profiling.overhead``), ``python3 -c CODE`` for
     code given on the command line, else the script's name."""
-    if sys.argv[0] == "-c":  # the code is only in the interpreter's own command line
-        return ["python3", "-c", sys.orig_argv[sys.orig_argv.index("-c") + 1]]
+    if sys.argv[0] == "-c":  # the code is only in the interpreter's own command line,
+        # just before the arguments it was given (whatever flags came first, e.g. -Sc)
+        return ["python3", "-c", sys.orig_argv[len(sys.orig_argv) - len(sys.argv)]]
     script = Path(sys.argv[0])
     try:
         module = script.resolve().relative_to(REPO)

@@ -213,11 +213,11 @@ def test_the_recorded_command_is_how_the_process_was_started(monkeypatch, argv0,
     assert collect_meta()["command"] == f"{program} 'a b' --out runs/x"
 
 
-def test_code_given_with_python_c_is_recorded(monkeypatch):
+@pytest.mark.parametrize("flags", [["-X", "dev", "-c"], ["-Sc"]])
+def test_code_given_with_python_c_is_recorded(monkeypatch, flags):
     from bench.recording import collect_meta
 
     code = "import sys; from bench.cli import main; sys.exit(main())"
     monkeypatch.setattr(sys, "argv", ["-c", "bench", "--out", "runs/x"])
-    monkeypatch.setattr(sys, "orig_argv", ["python3", "-X", "dev", "-c", code, "bench", "--out",
-                                           "runs/x"])
+    monkeypatch.setattr(sys, "orig_argv", ["python3", *flags, code, "bench", "--out", "runs/x"])
     assert collect_meta()["command"] == f"python3 -c '{code}' bench --out runs/x"
